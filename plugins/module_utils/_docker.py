@@ -1,0 +1,45 @@
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One Docker client for every module that talks to a node's engine (private)."""
+
+from __future__ import annotations
+
+import traceback
+
+from ansible.module_utils.basic import missing_required_lib
+
+try:
+    import docker
+    from docker.errors import DockerException, ImageNotFound, NotFound
+
+    HAS_DOCKER = True
+    DOCKER_IMPORT_ERROR = None
+except ImportError:  # pragma: no cover - reported through fail_json
+    HAS_DOCKER = False
+    DOCKER_IMPORT_ERROR = traceback.format_exc()
+    DockerException = ImageNotFound = NotFound = Exception
+
+# Merged into every Docker-using module's argument_spec.
+DOCKER_COMMON_ARGS = dict(
+    docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
+    docker_timeout=dict(type="int", default=120),
+)
+
+
+def docker_client(module):
+    """Return a connected DockerClient or fail with the cause named."""
+    if not HAS_DOCKER:
+        module.fail_json(
+            msg=missing_required_lib("docker (the Docker SDK for Python)"),
+            exception=DOCKER_IMPORT_ERROR,
+        )
+    host = module.params["docker_host"]
+    try:
+        client = docker.DockerClient(base_url=host, timeout=module.params["docker_timeout"])
+        client.ping()
+    except DockerException as exc:
+        module.fail_json(
+            msg="docker_host: the Docker engine at %s is not reachable (%s). "
+            "Start the engine on this node or fix docker_host." % (host, exc)
+        )
+    return client
