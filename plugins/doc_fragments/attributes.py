@@ -14,7 +14,9 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
   idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
+    description:
+      - When run twice in a row outside check mode, with the same arguments,
+        the second invocation indicates no change.
 """
 
     FACTS = r"""

@@ -19,6 +19,8 @@ except ImportError:  # pragma: no cover - reported through fail_json
     DOCKER_IMPORT_ERROR = traceback.format_exc()
     DockerException = ImageNotFound = NotFound = Exception
 
+__all__ = ["DOCKER_COMMON_ARGS", "HAS_DOCKER", "DockerException", "ImageNotFound", "NotFound", "docker_client"]
+
 # Merged into every Docker-using module's argument_spec.
 DOCKER_COMMON_ARGS = dict(
     docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
@@ -43,3 +45,20 @@ def docker_client(module):
             "Start the engine on this node or fix docker_host." % (host, exc)
         )
     return client
+
+
+def find_container(client, name):
+    """Return the container called name, or None when there is none."""
+    try:
+        return client.containers.get(name)
+    except NotFound:
+        return None
+
+
+def log_tail(container, lines):
+    """The last lines of a container's log as text ('' when it cannot be read)."""
+    try:
+        raw = container.logs(tail=lines, stdout=True, stderr=True)
+    except DockerException as exc:
+        return "(log not readable: %s)" % exc
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

@@ -1,0 +1,49 @@
+# The three commands a new user needs (README.md), and the test targets CI runs.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/build/collections
+MOLECULE := molecule --base-config extensions/molecule/config.yml
+
+.PHONY: venv engine lab deploy lab-down test lint sanity unit molecule changelog-lint clean
+
+venv:
+	bash scripts/bootstrap.sh
+
+engine:
+	bash scripts/ensure-docker.sh
+
+## The main job on the embedded default: venv, Docker engine, lab images and nodes, deploy.
+lab: venv engine
+	ansible-playbook -i inventories/lab playbooks/lab.yml
+	$(MAKE) --no-print-directory deploy
+
+deploy:
+	ansible-playbook -i inventories/lab deploy-qwen35.yml
+
+## Take the lab down and remove everything it created (LAB_REMOVE_IMAGES=true removes images too).
+lab-down: venv
+	ansible-playbook -i inventories/lab playbooks/lab.yml -e lab_state=absent \
+	  -e lab_remove_images=$${LAB_REMOVE_IMAGES:-false}
+
+## Every test: lint, sanity, unit tests, Molecule scenarios on the lab.
+test: venv engine lint sanity unit molecule
+
+lint: venv
+	ruff check .
+	ruff format --check .
+	ansible-lint --profile production --offline
+	antsibull-changelog lint
+
+sanity: venv
+	bash scripts/sanity.sh
+
+unit: venv
+	pytest tests/unit
+
+molecule: venv engine
+	$(MOLECULE) test --all
+
+clean:
+	rm -rf build tests/output
