@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/build/collections
 MOLECULE := molecule --base-config extensions/molecule/config.yml
 
-.PHONY: venv engine lab deploy lab-down test lint sanity unit molecule changelog-lint clean
+.PHONY: venv engine lab deploy lab-down test lint sanity unit integration molecule clean
 
 venv:
 	bash scripts/bootstrap.sh
@@ -28,7 +28,7 @@ lab-down: venv
 	  -e lab_remove_images=$${LAB_REMOVE_IMAGES:-false}
 
 ## Every test: lint, sanity, unit tests, Molecule scenarios on the lab.
-test: venv engine lint sanity unit molecule
+test: venv engine lint sanity unit integration molecule
 
 lint: venv
 	ruff check .
@@ -41,6 +41,10 @@ sanity: venv
 
 unit: venv
 	pytest tests/unit
+
+## Tests that drive the playbooks against the real Docker engine (no lab needed).
+integration: venv engine
+	pytest tests/integration
 
 molecule: venv engine
 	$(MOLECULE) test --all
