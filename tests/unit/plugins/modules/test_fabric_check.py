@@ -1,0 +1,131 @@
+"""fabric_check on recorded ping runs (iputils, network namespaces on 198.18.0.0/15)."""
+
+from __future__ import annotations
+
+import pytest
+from _fabric_fakes import FakeHost, recorded
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ping
+from ansible_collections.dgx_spark.vllm.plugins.modules import fabric_check
+from module_runner import run_module
+
+IF0, IF1 = "enp1s0f1np1", "enP2p1s0f1np1"
+PEER0, PEER1 = "198.18.100.12", "198.18.101.12"
+
+
+def one_rail(**extra):
+    base = dict(rails=[dict(interface=IF0, peers=[PEER0])], mtu=9000, count=3, timeout=1)
+    base.update(extra)
+    return base
+
+
+def host_with(monkeypatch, fixture, big, small=None, *, peer=PEER0):
+    host = FakeHost(monkeypatch, fixture)
+    host.ping_results[(IF0, peer, True)] = recorded("ping", big)
+    if small:
+        host.ping_results[(IF0, peer, False)] = recorded("ping", small)
+    return host
+
+
+def test_all_rails_answer(monkeypatch):
+    host = host_with(monkeypatch, "addr_configured", "ping_ok")
+    host.ping_results[(IF1, PEER1, True)] = recorded("ping", "ping_ok")
+    rails = [dict(interface=IF0, peers=[PEER0]), dict(interface=IF1, peers=[PEER1], name="twin-b")]
+    failed, result = run_module(monkeypatch, fabric_check, one_rail(rails=rails))
+    assert not failed, result
+    assert result["changed"] is False
+    assert result["payload_bytes"] == 8972
+    assert [(r["rail"], r["ok"], r["rtt_avg_ms"]) for r in result["results"]] == [
+        (IF0, True, 0.123),
+        ("twin-b", True, 0.123),
+    ]
+    pings = [c for c in host.calls if c[0].endswith("ping")]
+    assert pings[0][1:] == ["-M", "do", "-s", "8972", "-c", "3", "-W", "1", "-I", IF0, PEER0]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "pings", "peer", "cause"),
+    [
+        ("addr_configured", ("ping_local_mtu", None), PEER0, "mtu_mismatch"),
+        ("addr_configured", ("ping_frag_needed", None), PEER0, "mtu_mismatch"),
+        ("addr_configured", ("ping_peer_mtu_silent", "ping_small_ok"), PEER0, "mtu_mismatch"),
+        ("addr_configured", ("ping_net_unreachable_unbound", None), PEER0, "no_route"),
+        ("addr_configured", ("ping_net_unreachable", None), "198.18.77.12", "no_route"),
+        ("link_no_carrier", ("ping_link_down", None), PEER0, "link_down"),
+        ("addr_configured", ("ping_host_unreachable", "ping_host_unreachable"), "198.18.100.50", "peer_unreachable"),
+        (
+            "addr_configured",
+            ("ping_destination_host_unreachable", "ping_destination_host_unreachable"),
+            "198.18.100.99",
+            "peer_unreachable",
+        ),
+    ],
+)
+def test_failure_names_rail_peer_and_cause(monkeypatch, fixture, pings, peer, cause):
+    host = host_with(monkeypatch, fixture, *pings, peer=peer)
+    if fixture == "link_no_carrier":
+        host.link["addr_info"] = []
+    failed, result = run_module(monkeypatch, fabric_check, one_rail(rails=[dict(interface=IF0, peers=[peer])]))
+    assert failed
+    assert result["results"][0]["cause"] == cause
+    assert "rail %s (%s) -> %s" % (IF0, IF0, peer) in result["msg"]
+    assert _ping.CAUSES[cause] in result["msg"]
+
+
+def test_ping_evidence_is_quoted(monkeypatch):
+    host_with(monkeypatch, "addr_configured", "ping_frag_needed")
+    failed, result = run_module(monkeypatch, fabric_check, one_rail())
+    assert failed
+    assert "Frag needed and DF set (mtu = 1500)" in result["msg"]
+
+
+def test_partial_loss(monkeypatch):
+    _rc, out, err = recorded("ping", "ping_ok")
+    out = out.replace("3 received, 0% packet loss", "2 received, 33.3333% packet loss")
+    host = FakeHost(monkeypatch, "addr_configured")
+    host.ping_results[(IF0, PEER0, True)] = (1, out, err)
+    failed, result = run_module(monkeypatch, fabric_check, one_rail())
+    assert failed
+    assert result["results"][0]["cause"] == "packet_loss"
+    assert result["results"][0]["loss_percent"] == pytest.approx(33.3333)
+
+
+def test_check_mode_pings_too(monkeypatch):
+    host_with(monkeypatch, "addr_configured", "ping_ok")
+    failed, result = run_module(monkeypatch, fabric_check, one_rail(_ansible_check_mode=True))
+    assert not failed
+    assert result["results"][0]["ok"] is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (dict(mtu=9300), "mtu:"),
+        (dict(rails=[dict(interface=IF0, peers=["198.18.100.12/24"])]), "rails:"),
+    ],
+)
+def test_bad_input(monkeypatch, extra, named):
+    host = host_with(monkeypatch, "addr_configured", "ping_ok")
+    failed, result = run_module(monkeypatch, fabric_check, one_rail(**extra))
+    assert failed
+    assert named in result["msg"]
+    assert not [c for c in host.calls if c[0].endswith("ping")]
+
+
+def test_missing_interface(monkeypatch):
+    FakeHost(monkeypatch, missing=True)
+    failed, result = run_module(monkeypatch, fabric_check, one_rail())
+    assert failed
+    assert "does not exist" in result["msg"]
+
+
+def test_parse_reads_counts():
+    verdict = _ping.parse(*recorded("ping", "ping_local_mtu"))
+    assert (verdict["transmitted"], verdict["received"], verdict["loss_percent"]) == (3, 0, 100.0)
+    assert verdict["cause"] == "mtu_mismatch"
+    assert _ping.parse(*recorded("ping", "ping_link_down"))["cause"] is None
+
+
+def test_frag_needed_alone_is_an_mtu_mismatch():
+    # A router's ICMP answer, before the kernel has learned the path MTU (no local error yet).
+    rc, out, _err = recorded("ping", "ping_frag_needed")
+    assert _ping.parse(rc, out, "")["cause"] == "mtu_mismatch"
