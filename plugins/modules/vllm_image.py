@@ -1,0 +1,504 @@
+#!/usr/bin/python
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_image
+short_description: Pull, build or graft a vLLM runtime image, verify it, promote it, copy it to the other nodes
+description:
+  - Gets a runtime image from one of three sources (O(pull), O(build), O(graft)) on the node's engine.
+  - Verifies it in a throwaway container whose entrypoint is overridden (no network) with C(pip check),
+    C(import vllm, transformers) and their versions, the model's C(config.json) architecture in
+    C(vllm.ModelRegistry.get_supported_archs()) (after vLLM's general plugins load), and
+    C(transformers.AutoConfig) loading that config. The image's own Entrypoint and Cmd are reported.
+  - Only an image that passes is tagged O(in_service_tag). When verification fails the module fails,
+    the image in service stays as it was, and the message quotes each cause.
+  - Then streams C(docker save) from this engine into C(docker load) on each of O(peers) whose
+    O(in_service_tag) image ID differs (engine to engine, never through the controller), and checks
+    that every peer ends with the same image ID.
+  - Idempotent. A build or graft is labelled with a hash of its inputs; the same inputs again
+    build nothing, copy nothing and report no change.
+version_added: 0.1.0
+author: dgx_spark.vllm contributors (@dgx-spark)
+extends_documentation_fragment:
+  - dgx_spark.vllm.docker
+  - dgx_spark.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+    description:
+      - Builds, pulls, tags and copies nothing.
+      - An image already on the engine is still verified (in a throwaway container).
+  diff_mode:
+    support: full
+  idempotent:
+    support: full
+options:
+  name:
+    description:
+      - Repository and tag given to the image that O(build) or O(graft) produces (the candidate).
+      - With O(pull), the pulled reference is the candidate and this is ignored.
+    type: str
+    default: dgx-spark/vllm-runtime:candidate
+  pull:
+    description:
+      - Image reference (tag or digest) to pull when the engine does not have it.
+    type: str
+  build:
+    description:
+      - Build the candidate from a build context on the node.
+    type: dict
+    suboptions:
+      context:
+        description: Directory on the node holding the build context.
+        type: path
+        required: true
+      dockerfile:
+        description: Dockerfile path relative to O(build.context).
+        type: str
+        default: Dockerfile
+      args:
+        description: Build arguments.
+        type: dict
+        default: {}
+  graft:
+    description:
+      - Build the candidate as a multi-stage Dockerfile from O(graft.base), with files copied from
+        O(graft.donor), pip requirements added and model registry entries added (as a vLLM general plugin).
+    type: dict
+    suboptions:
+      base:
+        description: Image the candidate starts from; must exist on the engine.
+        type: str
+        required: true
+      donor:
+        description: Image the files come from; must exist on the engine.
+        type: str
+        required: true
+      files:
+        description:
+          - Absolute paths in the donor copied to the same path, or dicts with C(src) and C(dest).
+        type: list
+        elements: raw
+        default: []
+      pip_requirements:
+        description: Requirement specifiers installed with the image's pip after the files are copied.
+        type: list
+        elements: str
+        default: []
+      registry:
+        description: Model registry entries to add.
+        type: list
+        elements: dict
+        default: []
+        suboptions:
+          architecture:
+            description: Architecture name as in C(config.json), for example C(Qwen3_5MoeForConditionalGeneration).
+            type: str
+            required: true
+          class:
+            description: Model class as C(module:Class), importable in the image.
+            type: str
+            required: true
+  model_dir:
+    description:
+      - Model directory on the node; its C(config.json) gives the architectures to check and the
+        config that C(AutoConfig) must load.
+    type: path
+  architecture:
+    description:
+      - Architecture to check when there is no model directory.
+    type: str
+  python:
+    description:
+      - Python interpreter inside the image, used for verification and for graft steps.
+    type: str
+    default: python3
+  in_service_tag:
+    description:
+      - Tag that marks the verified image in service, on this node and on every peer.
+    type: str
+    default: dgx-spark/vllm-runtime:in-service
+  verify_timeout:
+    description:
+      - Seconds the verification container may run.
+    type: int
+    default: 300
+  peers:
+    description:
+      - The other nodes' engines that must end with the same image, for example C(ssh://root@198.18.10.12)
+        (this node needs SSH to them, and the C(docker) CLI must be on them).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: Name used in results and messages.
+        type: str
+        required: true
+      docker_host:
+        description: Docker API address of the peer's engine as reached from this node.
+        type: str
+        required: true
+notes:
+  - Bad input fails before anything is built or tagged, naming the parameter.
+seealso:
+  - module: dgx_spark.vllm.vllm_serve
+"""
+
+EXAMPLES = r"""
+- name: Verify and promote the community image, copy it to the workers
+  dgx_spark.vllm.vllm_image:
+    pull: registry.example/vllm/vllm-openai:v0.33.0
+    model_dir: /models/Qwen3.5-122B-A10B-FP8
+    peers:
+      - name: spark-b
+        docker_host: ssh://root@spark-b
+
+- name: Graft newer model files into an older image (verification names what is missing)
+  dgx_spark.vllm.vllm_image:
+    name: dgx-spark/vllm-runtime:graft
+    graft:
+      base: dgx-spark-lab/runtime-old:latest
+      donor: dgx-spark-lab/runtime-donor:latest
+      files:
+        - /opt/venv/lib/python3.11/site-packages/vllm/model_executor/models/qwen3_5_moe.py
+      pip_requirements:
+        - transformers>=5
+      registry:
+        - architecture: Qwen3_5MoeForConditionalGeneration
+          class: vllm.model_executor.models.qwen3_5_moe:Qwen3_5MoeForConditionalGeneration
+    architecture: Qwen3_5MoeForConditionalGeneration
+
+- name: Build from a context on the node
+  dgx_spark.vllm.vllm_image:
+    build:
+      context: /srv/vllm-image
+      args:
+        VLLM_VERSION: 0.33.0
+    model_dir: /models/Qwen3.5-122B-A10B-FP8
+"""
+
+RETURN = r"""
+image:
+  description: Reference of the candidate image.
+  returned: always
+  type: str
+  sample: dgx-spark/vllm-runtime:candidate
+image_id:
+  description: ID of the candidate image (null in check mode when it would be built or pulled).
+  returned: always
+  type: str
+  sample: sha256:0f3c...
+in_service_id:
+  description: ID of the image tagged O(in_service_tag) after the run.
+  returned: always
+  type: str
+inputs_hash:
+  description: Hash of the source inputs, kept in the image label C(dgx_spark.vllm.inputs).
+  returned: always
+  type: str
+built:
+  description: Whether the image was built (or pulled) in this run.
+  returned: always
+  type: bool
+promoted:
+  description: Whether O(in_service_tag) moved to the candidate in this run.
+  returned: always
+  type: bool
+dockerfile:
+  description: The generated Dockerfile of a graft.
+  returned: when O(graft) is used
+  type: str
+verification:
+  description: What the throwaway container found, and the image's own entrypoint.
+  returned: when the image exists
+  type: dict
+  contains:
+    passed:
+      description: Whether every check passed.
+      type: bool
+    causes:
+      description: One line per failed check.
+      type: list
+      elements: str
+    pip_check:
+      description: Output lines of C(pip check).
+      type: list
+      elements: str
+    vllm_version:
+      description: C(vllm.__version__) in the image.
+      type: str
+    transformers_version:
+      description: C(transformers.__version__) in the image.
+      type: str
+    architectures:
+      description: Architectures checked.
+      type: list
+      elements: str
+    architecture_supported:
+      description: Whether one of them is registered.
+      type: bool
+    closest_architectures:
+      description: Registered architectures closest to a missing one.
+      type: list
+      elements: str
+    autoconfig_class:
+      description: Config class AutoConfig returned.
+      type: str
+    registered_architectures:
+      description: How many architectures the registry has.
+      type: int
+    python:
+      description: Python version in the image.
+      type: str
+    entrypoint:
+      description: The image's own Entrypoint (overridden for verification, and by the collection's launchers).
+      type: list
+      elements: str
+    cmd:
+      description: The image's own Cmd.
+      type: list
+      elements: str
+peers:
+  description: One entry per peer.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: Peer name.
+      type: str
+    image_id_before:
+      description: Peer's in-service image ID before.
+      type: str
+    image_id:
+      description: Peer's in-service image ID after.
+      type: str
+    bytes_moved:
+      description: Bytes streamed to the peer.
+      type: int
+bytes_moved:
+  description: Bytes streamed to all peers.
+  returned: always
+  type: int
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, docker_client
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
+    INPUTS_LABEL,
+    DockerException,
+    ImageError,
+    build_image,
+    canonical_hash,
+    connect,
+    evaluate,
+    graft_context,
+    graft_dockerfile,
+    image_id,
+    image_or_none,
+    missing_donor_paths,
+    normalize_files,
+    parse_verification,
+    read_model_config,
+    registry_entries,
+    run_verification,
+    stream_image,
+    tree_hash,
+)
+
+
+class ImageManager:
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.client = docker_client(module)
+        self.result = {"changed": False, "built": False, "promoted": False, "bytes_moved": 0, "peers": []}
+        self.before = {}
+        self.after = {}
+
+    def fail(self, msg, **extra):
+        self.module.fail_json(msg=msg, **dict(self.result, **extra))
+
+    # Inputs: everything checked before anything is built or tagged.
+    def check_inputs(self):
+        p = self.p
+        self.config_text, self.archs = None, [p["architecture"]] if p["architecture"] else []
+        if p["model_dir"]:
+            self.config_text, self.archs = read_model_config(p["model_dir"])
+        if p["build"]:
+            context = p["build"]["context"]
+            if not os.path.isdir(context):
+                raise ImageError("build.context: %s is not a directory on this node" % context)
+            if not os.path.isfile(os.path.join(context, p["build"]["dockerfile"])):
+                raise ImageError("build.dockerfile: %s has no %s" % (context, p["build"]["dockerfile"]))
+            return {"build": p["build"], "context": tree_hash(context)}
+        if p["graft"]:
+            graft = p["graft"]
+            ids = {}
+            for key in ("base", "donor"):
+                ids[key] = image_id(self.client, graft[key])
+                if ids[key] is None:
+                    raise ImageError("graft.%s: image %s does not exist on this node's engine" % (key, graft[key]))
+            files = normalize_files(graft["files"])
+            registry_entries(graft)
+            missing = missing_donor_paths(self.client, graft["donor"], [pair[0] for pair in files])
+            if missing:
+                raise ImageError("graft.files: not in donor image %s: %s" % (graft["donor"], ", ".join(missing)))
+            graft = dict(graft, python=p["python"])
+            self.result["dockerfile"] = graft_dockerfile(graft)
+            return {"graft": graft, "ids": ids, "dockerfile": self.result["dockerfile"]}
+        return {"pull": p["pull"]}
+
+    def obtain(self, inputs):
+        """The candidate image, built or pulled only when missing or its inputs changed."""
+        p = self.p
+        ref = p["pull"] or p["name"]
+        self.result["image"] = ref
+        inputs_hash = canonical_hash(inputs)
+        self.result["inputs_hash"] = inputs_hash
+        image = image_or_none(self.client, ref)
+        self.before["image_id"] = image.id if image else None
+        current = image is not None and (p["pull"] or image.labels.get(INPUTS_LABEL) == inputs_hash)
+        if not current and not self.module.check_mode:
+            labels = {INPUTS_LABEL: inputs_hash}
+            if p["pull"]:
+                image = self.client.images.pull(p["pull"])
+            elif p["build"]:
+                build = p["build"]
+                image = build_image(
+                    self.client, ref, labels, build["args"], path=build["context"], dockerfile=build["dockerfile"]
+                )
+            else:
+                image = build_image(self.client, ref, labels, fileobj=graft_context(inputs["graft"]))
+            image.reload()
+        self.result["built"] = not current
+        self.result["image_id"] = image.id if (current or not self.module.check_mode) else None
+        self.after["image_id"] = self.result["image_id"]
+        return image if self.result["image_id"] else None
+
+    def verify(self, image):
+        output = run_verification(self.client, image.id, self.p["python"], self.config_text, self.p["verify_timeout"])
+        facts, causes = evaluate(parse_verification(output), self.archs)
+        config = image.attrs.get("Config") or {}
+        facts.update(passed=not causes, causes=causes, entrypoint=config.get("Entrypoint"), cmd=config.get("Cmd"))
+        self.result["verification"] = facts
+        return causes
+
+    def promote(self):
+        tag = self.p["in_service_tag"]
+        in_service = image_id(self.client, tag)
+        self.before["in_service_id"] = in_service
+        target = self.result["image_id"]
+        if target and in_service != target and not self.module.check_mode:
+            repo, version = tag.rsplit(":", 1)
+            self.client.images.get(target).tag(repo, version)
+        self.result["promoted"] = in_service != target
+        self.after["in_service_id"] = target
+        self.result["in_service_id"] = target if target else in_service
+
+    def distribute(self):
+        tag, target = self.p["in_service_tag"], self.result["image_id"]
+        for peer in self.p["peers"]:
+            try:
+                client = connect(peer["docker_host"], self.p["docker_timeout"])
+            except DockerException as exc:
+                self.fail("peers: %s (%s) is not reachable: %s" % (peer["name"], peer["docker_host"], exc))
+            before = image_id(client, tag)
+            entry = {"name": peer["name"], "image_id_before": before, "image_id": before, "bytes_moved": 0}
+            if before != target and target and not self.module.check_mode:
+                entry["bytes_moved"] = stream_image(self.client, client, tag)
+                entry["image_id"] = image_id(client, tag)
+                if entry["image_id"] != target:
+                    self.fail(
+                        "peers: %s has %s as %s after the copy, not %s" % (peer["name"], entry["image_id"], tag, target)
+                    )
+            elif before != target:
+                entry["image_id"] = target
+            self.before["peer " + peer["name"]] = before
+            self.after["peer " + peer["name"]] = entry["image_id"]
+            self.result["peers"].append(entry)
+            self.result["bytes_moved"] += entry["bytes_moved"]
+
+    def run(self):
+        try:
+            inputs = self.check_inputs()
+            image = self.obtain(inputs)
+            if image is not None:
+                causes = self.verify(image)
+                if causes:
+                    self.result["in_service_id"] = image_id(self.client, self.p["in_service_tag"])
+                    self.result["changed"] = self.result["built"]
+                    self.fail(
+                        "image %s failed verification; %s stays in service (%s):\n- %s"
+                        % (self.result["image"], self.p["in_service_tag"], self.result["in_service_id"] or "none yet",
+                           "\n- ".join(causes))
+                    )  # fmt: skip
+            self.promote()
+            self.distribute()
+        except ImageError as exc:
+            self.fail(str(exc))
+        except DockerException as exc:
+            self.fail("Docker engine error: %s" % exc)
+        self.result["changed"] = self.before != self.after or self.result["built"]
+        if self.module._diff:
+            self.result["diff"] = {"before": self.before, "after": self.after}
+        self.module.exit_json(**self.result)
+
+
+def main():
+    argument_spec = dict(
+        name=dict(type="str", default="dgx-spark/vllm-runtime:candidate"),
+        pull=dict(type="str"),
+        build=dict(
+            type="dict",
+            options=dict(
+                context=dict(type="path", required=True),
+                dockerfile=dict(type="str", default="Dockerfile"),
+                args=dict(type="dict", default={}),
+            ),
+        ),
+        graft=dict(
+            type="dict",
+            options=dict(
+                base=dict(type="str", required=True),
+                donor=dict(type="str", required=True),
+                files=dict(type="list", elements="raw", default=[]),
+                pip_requirements=dict(type="list", elements="str", default=[]),
+                registry=dict(
+                    type="list",
+                    elements="dict",
+                    default=[],
+                    options={"architecture": dict(type="str", required=True), "class": dict(type="str", required=True)},
+                ),
+            ),
+        ),
+        model_dir=dict(type="path"),
+        architecture=dict(type="str"),
+        python=dict(type="str", default="python3"),
+        in_service_tag=dict(type="str", default="dgx-spark/vllm-runtime:in-service"),
+        verify_timeout=dict(type="int", default=300),
+        peers=dict(
+            type="list",
+            elements="dict",
+            default=[],
+            options=dict(name=dict(type="str", required=True), docker_host=dict(type="str", required=True)),
+        ),
+    )
+    argument_spec.update(DOCKER_COMMON_ARGS)
+    module = AnsibleModule(
+        argument_spec=argument_spec,
+        mutually_exclusive=[("pull", "build", "graft"), ("model_dir", "architecture")],
+        required_one_of=[("pull", "build", "graft")],
+        supports_check_mode=True,
+    )
+    ImageManager(module).run()
+
+
+if __name__ == "__main__":
+    main()
