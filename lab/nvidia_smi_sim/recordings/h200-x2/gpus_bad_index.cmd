@@ -1,0 +1,1 @@
+nvidia-smi -i 7 --query-gpu=index --format=csv,noheader,nounits

@@ -1,0 +1,1 @@
+nvidia-smi --help-query-gpu
