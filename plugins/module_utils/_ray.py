@@ -1,0 +1,259 @@
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ray node containers and Ray cluster state (private; used by ray_node and ray_cluster_wait).
+
+Every `ray start` flag emitted here was checked against Ray's own CLI
+(python/ray/scripts/scripts.py, `start` command, Ray 2.60):
+
+| flag                          | scripts.py `start` option                          |
+| ----------------------------- | -------------------------------------------------- |
+| --head                        | is_flag                                            |
+| --address=HOST:PORT           | type=str, "the address to use for Ray" (workers)   |
+| --port=N                      | type=int, port of the head's GCS                   |
+| --node-ip-address=IP          | type=str, "the IP address of this node"            |
+| --num-gpus=N                  | type=int (a declaration; no device is needed)      |
+| --num-cpus=N                  | type=int                                           |
+| --include-dashboard=BOOL      | type=bool, default None                            |
+| --dashboard-host=H            | default localhost                                  |
+| --dashboard-port=N            | type=int                                           |
+| --disable-usage-stats         | is_flag                                            |
+| --block                       | is_flag; the container lives as long as Ray does   |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+
+HASH_LABEL = "dgx_spark.vllm.config_hash"
+ROLE_LABEL = "dgx_spark.vllm.ray_role"
+# `ray start` prints this line once the node's processes are up, head and worker alike.
+READY_MARK = "Ray runtime started"
+RESTART_POLICIES = ["no", "always", "unless-stopped", "on-failure"]
+
+
+def check_params(p):
+    """Return a list of 'parameter: problem; fix' strings (empty when the input is good)."""
+    errors = []
+    try:
+        ipaddress.ip_address(p["node_ip"])
+    except ValueError:
+        errors.append(
+            "node_ip: %r is not an IP address; pass this node's fabric address (fact fabric_ip)" % p["node_ip"]
+        )
+    if p["role"] == "worker":
+        head = p.get("head_address") or ""
+        host, _sep, port = head.rpartition(":") if head.count(":") == 1 else (head, "", "")
+        if not host:
+            errors.append("head_address: required for a worker; pass the head's fabric IP (optionally IP:PORT)")
+        elif port and not port.isdigit():
+            errors.append("head_address: %r has a port that is not a number; use HOST or HOST:PORT" % head)
+    for dev in p.get("rdma_devices") or []:
+        if not dev.startswith("/dev/"):
+            errors.append("rdma_devices: %r is not a device path under /dev (e.g. /dev/infiniband)" % dev)
+    for key in ("gpus", "declared_gpus", "num_cpus"):
+        if p.get(key) is not None and p[key] < 0:
+            errors.append("%s: must be 0 or more, got %s" % (key, p[key]))
+    for idx, mount in enumerate(p.get("mounts") or []):
+        if not str(mount.get("source", "")).startswith("/") or not str(mount.get("target", "")).startswith("/"):
+            errors.append("mounts[%d]: source and target must be absolute paths" % idx)
+    return errors
+
+
+def head_address(p):
+    head = p["head_address"]
+    if head.count(":") == 1:
+        return head
+    if ":" in head:  # an IPv6 literal
+        return "[%s]:%d" % (head, p["ray_port"])
+    return "%s:%d" % (head, p["ray_port"])
+
+
+def ray_start_argv(p):
+    """The full `ray start` command line for this node."""
+    gpus = p["declared_gpus"] if p.get("declared_gpus") is not None else p["gpus"]
+    argv = ["ray", "start"]
+    if p["role"] == "head":
+        argv += ["--head", "--port=%d" % p["ray_port"]]
+    else:
+        argv += ["--address=%s" % head_address(p)]
+    argv += ["--node-ip-address=%s" % p["node_ip"], "--num-gpus=%d" % gpus]
+    if p.get("num_cpus") is not None:
+        argv.append("--num-cpus=%d" % p["num_cpus"])
+    if p["role"] == "head":
+        if p["include_dashboard"]:
+            argv += [
+                "--include-dashboard=true",
+                "--dashboard-host=%s" % p["dashboard_host"],
+                "--dashboard-port=%d" % p["dashboard_port"],
+            ]
+        else:
+            argv.append("--include-dashboard=false")
+    argv += ["--disable-usage-stats", "--block"]
+    return argv
+
+
+def desired_config(p, image_id):
+    """Everything that defines the container, in a JSON-able form (hashed into a label)."""
+    argv = ray_start_argv(p)
+    env = {str(k): str(v) for k, v in sorted((p.get("env") or {}).items())}
+    # Matches --disable-usage-stats for any Ray process started inside (e.g. the vLLM driver).
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    rdma = list(p.get("rdma_devices") or [])
+    restart = {"Name": p["restart_policy"]}
+    if p["restart_policy"] == "on-failure":
+        restart["MaximumRetryCount"] = 0
+    mounts = [
+        {"source": m["source"], "target": m["target"], "read_only": bool(m.get("read_only"))}
+        for m in (p.get("mounts") or [])
+    ]
+    return {
+        "image": image_id,
+        "entrypoint": argv[:1],
+        "command": argv[1:],
+        "env": env,
+        "network_mode": "host",
+        "ipc_mode": "host",
+        "shm_size": p["shm_size"],
+        "init": True,
+        "privileged": bool(p["privileged"]),
+        "restart_policy": restart,
+        "mounts": mounts,
+        "devices": ["%s:%s:rwm" % (d, d) for d in rdma],
+        "cap_add": ["IPC_LOCK"] if rdma else [],
+        # RDMA registers memory: an unlimited memlock is what the verbs stack expects.
+        "memlock_unlimited": bool(rdma),
+        "gpus_all": p["gpus"] > 0,
+        "labels": {str(k): str(v) for k, v in sorted((p.get("labels") or {}).items())},
+        "role": p["role"],
+    }
+
+
+def config_hash(config):
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
+def create_kwargs(config, name, digest, docker_types):
+    """Keyword arguments for DockerClient.containers.create() from desired_config()."""
+    labels = dict(config["labels"])
+    labels[HASH_LABEL] = digest
+    labels[ROLE_LABEL] = config["role"]
+    kwargs = dict(
+        image=config["image"],
+        name=name,
+        entrypoint=config["entrypoint"],
+        command=config["command"],
+        environment=config["env"],
+        network_mode=config["network_mode"],
+        ipc_mode=config["ipc_mode"],
+        shm_size=config["shm_size"],
+        init=config["init"],
+        privileged=config["privileged"],
+        restart_policy=config["restart_policy"],
+        labels=labels,
+        detach=True,
+    )
+    if config["mounts"]:
+        kwargs["mounts"] = [
+            docker_types.Mount(target=m["target"], source=m["source"], type="bind", read_only=m["read_only"])
+            for m in config["mounts"]
+        ]
+    if config["devices"]:
+        kwargs["devices"] = config["devices"]
+    if config["cap_add"]:
+        kwargs["cap_add"] = config["cap_add"]
+    if config["memlock_unlimited"]:
+        kwargs["ulimits"] = [docker_types.Ulimit(name="memlock", soft=-1, hard=-1)]
+    if config["gpus_all"]:
+        kwargs["device_requests"] = [docker_types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return kwargs
+
+
+def entrypoint_message(image_entrypoint, new_entrypoint):
+    if image_entrypoint:
+        return "overrode ENTRYPOINT %s with %s" % (list(image_entrypoint), list(new_entrypoint))
+    return "image has no ENTRYPOINT; set %s" % (list(new_entrypoint),)
+
+
+# Runs inside the head container: `python3 -c RAY_QUERY SECONDS`. The alarm bounds one poll
+# (ray.init blocks while the GCS is unreachable). Raw ray.nodes() is printed so the parsing
+# below is tested against recorded real output.
+RAY_QUERY = (
+    "import json, signal, sys\n"
+    "signal.alarm(int(sys.argv[1]))\n"
+    "import ray\n"
+    "ray.init(address='auto', logging_level='ERROR', log_to_driver=False)\n"
+    "print(json.dumps({'nodes': ray.nodes(), 'cluster_resources': ray.cluster_resources()}, default=str))\n"
+)
+
+
+def parse_query_output(text):
+    """The JSON document RAY_QUERY printed (the last line that parses), or None."""
+    for raw in reversed((text or "").strip().splitlines()):
+        line = raw.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def cluster_state(doc):
+    """Alive nodes (ip, gpus) and the total GPUs of the alive nodes."""
+    alive = []
+    for node in doc.get("nodes") or []:
+        if node.get("Alive") or node.get("alive"):
+            alive.append(
+                {
+                    "ip": node.get("NodeManagerAddress"),
+                    "hostname": node.get("NodeManagerHostname"),
+                    "gpus": float((node.get("Resources") or {}).get("GPU", 0) or 0),
+                }
+            )
+    dead = [n.get("NodeManagerAddress") for n in doc.get("nodes") or [] if not (n.get("Alive") or n.get("alive"))]
+    return {
+        "alive_nodes": len(alive),
+        "gpus": sum(n["gpus"] for n in alive),
+        "alive": alive,
+        "dead_ips": dead,
+    }
+
+
+def compare(state, expected_nodes, expected_gpus):
+    """Return (done, summary): done when the alive set is exactly the expected one and GPUs match."""
+    alive_ips = [n["ip"] for n in state["alive"]]
+    missing = [n for n in expected_nodes if n["ip"] not in alive_ips]
+    expected_ips = {n["ip"] for n in expected_nodes}
+    unexpected = sorted({ip for ip in alive_ips if ip not in expected_ips})
+    duplicated = sorted({ip for ip in alive_ips if alive_ips.count(ip) > 1})
+    done = (
+        not missing
+        and not unexpected
+        and state["alive_nodes"] == len(expected_nodes)
+        and state["gpus"] == float(expected_gpus)
+    )
+    summary = {
+        "alive_nodes": state["alive_nodes"],
+        "expected_nodes": len(expected_nodes),
+        "gpus": state["gpus"],
+        "expected_gpus": float(expected_gpus),
+        "missing": [{"host": n["host"], "ip": n["ip"]} for n in missing],
+        "unexpected_ips": unexpected,
+        "duplicated_ips": duplicated,
+    }
+    return done, summary
+
+
+def progress_line(summary):
+    text = "%d/%d nodes alive, %g/%g GPUs" % (
+        summary["alive_nodes"],
+        summary["expected_nodes"],
+        summary["gpus"],
+        summary["expected_gpus"],
+    )
+    if summary["missing"]:
+        text += "; missing %s" % ", ".join("%s (%s)" % (n["host"], n["ip"]) for n in summary["missing"])
+    return text

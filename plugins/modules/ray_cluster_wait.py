@@ -1,0 +1,246 @@
+#!/usr/bin/python
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Wait until the Ray cluster has every expected node alive and every expected GPU."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: ray_cluster_wait
+short_description: Wait for the expected Ray nodes and GPUs, naming what is missing
+description:
+  - Runs on the head node. Polls the Ray cluster from inside the head container
+    (C(docker exec HEAD python3 -c SCRIPT) with C(ray.nodes()) and C(ray.cluster_resources())) at most
+    every second until the alive nodes are exactly the expected ones (matched by fabric IP)
+    and their GPUs add up to the expected total.
+  - C(ray.nodes()) is used rather than parsing C(ray status). It names each node by its IP (so a
+    missing node can be named by inventory host), says alive or dead, and is current, while
+    C(ray status) prints the autoscaler's periodic snapshot in a human format that lags behind.
+  - Fails at once when the head container is not running. On timeout, names each missing node by
+    inventory host and IP, and includes the end of the head's Ray log; the logs of the missing
+    workers live on their own engines, so the role collects those (RV(missing) lists them).
+version_added: 0.1.0
+author: dgx_spark.vllm contributors (@dgx-spark)
+extends_documentation_fragment:
+  - dgx_spark.vllm.docker
+  - dgx_spark.vllm.attributes
+  - dgx_spark.vllm.attributes.FACTS
+options:
+  container:
+    description: Name of the Ray head container on this node.
+    type: str
+    default: ray-head
+  expected_nodes:
+    description: Every node that must be alive, head included, as inventory host and fabric IP.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      host:
+        description: Inventory hostname (used in messages).
+        type: str
+        required: true
+      ip:
+        description: The node's fabric IP (its C(--node-ip-address)).
+        type: str
+        required: true
+  expected_gpus:
+    description: Total GPUs the alive nodes must declare.
+    type: int
+    required: true
+  timeout:
+    description: Seconds to wait in all.
+    type: int
+    default: 300
+  interval:
+    description: Seconds between polls (at most 1).
+    type: float
+    default: 1.0
+  poll_timeout:
+    description: Seconds one poll may take inside the container (it blocks while the GCS is unreachable).
+    type: int
+    default: 10
+  python:
+    description: Python interpreter inside the head container.
+    type: str
+    default: python3
+  log_lines:
+    description: Lines of the head container's log included in a failure.
+    type: int
+    default: 40
+"""
+
+EXAMPLES = r"""
+- name: Wait for both Sparks and both GPUs
+  dgx_spark.vllm.ray_cluster_wait:
+    container: ray-head
+    expected_nodes:
+      - {host: spark-a, ip: 192.168.100.11}
+      - {host: spark-b, ip: 192.168.100.12}
+    expected_gpus: 2
+    timeout: 180
+"""
+
+RETURN = r"""
+nodes:
+  description: Alive Ray nodes at the end (IP, hostname, GPUs).
+  returned: always
+  type: list
+  elements: dict
+alive_nodes:
+  description: Number of alive nodes at the end.
+  returned: always
+  type: int
+gpus:
+  description: GPUs declared by the alive nodes at the end.
+  returned: always
+  type: float
+missing:
+  description: Expected nodes that are not alive, as C(host) and C(ip).
+  returned: always
+  type: list
+  elements: dict
+elapsed:
+  description: Seconds waited.
+  returned: always
+  type: float
+progress:
+  description: One record (seconds, state) each time the observed state changed.
+  returned: always
+  type: list
+  elements: dict
+head_log:
+  description: End of the head container's log.
+  returned: on failure
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
+    DOCKER_COMMON_ARGS,
+    DockerException,
+    docker_client,
+    find_container,
+    log_tail,
+)
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
+
+
+class ClusterWait:
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.summary = None
+        self.alive = []
+        self.error = None
+
+    def run(self):
+        ips = [n["ip"] for n in self.p["expected_nodes"]]
+        if len(set(ips)) != len(ips):
+            self.module.fail_json(
+                msg="expected_nodes: two nodes share one IP (%s); each node needs its own fabric IP" % ips
+            )
+        client = docker_client(self.module)
+        container = find_container(client, self.p["container"])
+        if container is None or container.status != "running":
+            status = "missing" if container is None else container.status
+            self.module.fail_json(
+                msg="The Ray head container %s is not running on this node (%s); start it with ray_node "
+                "(role ray_cluster) first." % (self.p["container"], status),
+                head_log=log_tail(container, self.p["log_lines"]) if container is not None else "",
+                **self.empty(),
+            )
+        res = wait_for(lambda: self.poll(container), self.p["timeout"], self.p["interval"])
+        out = dict(
+            changed=False,
+            nodes=self.alive,
+            alive_nodes=len(self.alive),
+            gpus=self.summary["gpus"] if self.summary else 0.0,
+            missing=self.summary["missing"] if self.summary else self.all_missing(),
+            elapsed=round(res.elapsed, 2),
+            progress=res.progress,
+        )
+        if res.ok:
+            self.module.exit_json(**out)
+        out["head_log"] = log_tail(container, self.p["log_lines"])
+        self.module.fail_json(msg=self.failure_message(res), **out)
+
+    def poll(self, container):
+        try:
+            container.reload()
+        except DockerException as exc:
+            raise StopWaiting("the head's Docker engine stopped answering: %s" % exc) from exc
+        if container.status != "running":
+            raise StopWaiting("the head container %s is %s" % (self.p["container"], container.status))
+        argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
+        try:
+            result = container.exec_run(argv)
+        except DockerException as exc:
+            raise StopWaiting("docker exec in %s failed: %s" % (self.p["container"], exc)) from exc
+        text = result.output.decode("utf-8", "replace") if isinstance(result.output, bytes) else str(result.output)
+        doc = _ray.parse_query_output(text) if result.exit_code == 0 else None
+        if doc is None:
+            lines = [line for line in text.strip().splitlines() if line.strip()]
+            self.error = lines[-1] if lines else "exit code %s, no output" % result.exit_code
+            return False, "Ray not answering: %s" % self.error
+        self.error = None
+        state = _ray.cluster_state(doc)
+        self.alive = state["alive"]
+        done, self.summary = _ray.compare(state, self.p["expected_nodes"], self.p["expected_gpus"])
+        return done, _ray.progress_line(self.summary)
+
+    def all_missing(self):
+        return [{"host": n["host"], "ip": n["ip"]} for n in self.p["expected_nodes"]]
+
+    def empty(self):
+        return dict(nodes=[], alive_nodes=0, gpus=0.0, missing=self.all_missing(), elapsed=0.0, progress=[])
+
+    def failure_message(self, res):
+        if res.stopped:
+            head = "Stopped waiting for the Ray cluster after %.0fs: %s." % (res.elapsed, res.stopped)
+        else:
+            head = "The Ray cluster was not complete after %ss." % self.p["timeout"]
+        if self.summary is None:
+            return "%s The head never answered a query (last error: %s)." % (head, self.error)
+        parts = [head, "Last seen: %s." % _ray.progress_line(self.summary)]
+        for node in self.summary["missing"]:
+            parts.append(
+                "Missing node %s (%s): its Ray worker never joined or died; check its container and Docker engine."
+                % (node["host"], node["ip"])
+            )
+        if self.summary["unexpected_ips"]:
+            parts.append("Nodes not in the inventory joined: %s." % ", ".join(self.summary["unexpected_ips"]))
+        if not self.summary["missing"] and self.summary["gpus"] != self.summary["expected_gpus"]:
+            parts.append(
+                "Every node is alive but the GPUs do not add up (%g, expected %g): check gpus/declared_gpus per node."
+                % (self.summary["gpus"], self.summary["expected_gpus"])
+            )
+        if self.error:
+            parts.append("Last query error: %s." % self.error)
+        return " ".join(parts)
+
+
+def main():
+    argument_spec = dict(
+        container=dict(type="str", default="ray-head"),
+        expected_nodes=dict(
+            type="list",
+            elements="dict",
+            required=True,
+            options=dict(host=dict(type="str", required=True), ip=dict(type="str", required=True)),
+        ),
+        expected_gpus=dict(type="int", required=True),
+        timeout=dict(type="int", default=300),
+        interval=dict(type="float", default=1.0),
+        poll_timeout=dict(type="int", default=10),
+        python=dict(type="str", default="python3"),
+        log_lines=dict(type="int", default=40),
+    )
+    argument_spec.update(DOCKER_COMMON_ARGS)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    ClusterWait(module).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,543 @@
+#!/usr/bin/python
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""`vllm serve` inside the Ray head container, verified through its HTTP endpoints."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_serve
+short_description: Run vllm serve on the Ray head and verify the endpoint
+description:
+  - Starts C(vllm serve) inside the running Ray head container (C(docker exec -d)), with its output
+    in a log file inside the container and C(--distributed-executor-backend ray), so the engine's
+    workers spread over the Ray cluster.
+  - Every extra flag is checked before anything starts, against the installed vLLM's own
+    argument parser when it can be built inside the container, else against the upstream flag table
+    this collection keeps. Flags the module sets itself are refused in O(extra_args).
+  - Idempotent by a hash of the arguments and environment, kept in a state file in the container.
+    Same arguments, process alive and C(/health) answering 200 leave the server alone; different
+    arguments restart the serve process.
+  - Waits for C(/health) to answer 200 (failing early, with the log, when the process dies), checks that
+    C(/v1/models) lists O(served_model_name), and sends one real completion.
+version_added: 0.1.0
+author: dgx_spark.vllm contributors (@dgx-spark)
+extends_documentation_fragment:
+  - dgx_spark.vllm.docker
+  - dgx_spark.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+  idempotent:
+    support: full
+options:
+  container:
+    description: The Ray head container on this node.
+    type: str
+    default: ray-head
+  state:
+    description:
+      - V(started) runs and verifies the server.
+      - V(absent) stops the serve process (the container stays).
+      - V(checked) only validates the arguments and that the port is free (unless this module's server
+        holds it), for preflight, and returns the command line.
+    type: str
+    choices: [started, absent, checked]
+    default: started
+  model:
+    description: Model path inside the container (or a hub id the engine can resolve).
+    type: str
+  served_model_name:
+    description: Name clients send as C(model).
+    type: str
+  tensor_parallel_size:
+    description: C(--tensor-parallel-size).
+    type: int
+    default: 1
+  pipeline_parallel_size:
+    description: C(--pipeline-parallel-size).
+    type: int
+    default: 1
+  host:
+    description: Address the API server binds to.
+    type: str
+    default: 0.0.0.0
+  port:
+    description: API server port.
+    type: int
+    default: 8000
+  max_model_len:
+    description: C(--max-model-len); the model's own limit when omitted.
+    type: int
+  gpu_memory_utilization:
+    description: C(--gpu-memory-utilization), a fraction between 0 and 1.
+    type: float
+  api_key:
+    description: API key the server requires; passed as the environment variable C(VLLM_API_KEY), never in argv.
+    type: str
+  extra_args:
+    description: More C(vllm serve) arguments, one per item (e.g. C(--reasoning-parser), C(qwen3)).
+    type: list
+    elements: str
+    default: []
+  env:
+    description: Extra environment for the serve process.
+    type: dict
+    default: {}
+  placement_strategy:
+    description:
+      - Ray placement group strategy written to C(VLLM_DISTRIBUTED_EXECUTOR_CONFIG); V(none) sets nothing.
+      - Upstream vLLM does not read this variable (its Ray executor uses PACK, which still spreads
+        one-GPU nodes); community DGX Spark builds and the lab engine do.
+    type: str
+    choices: [SPREAD, STRICT_SPREAD, PACK, STRICT_PACK, none]
+    default: SPREAD
+  check_installed_flags:
+    description: Check flags against the installed vLLM's own parser inside the container when possible.
+    type: bool
+    default: true
+  python:
+    description: Python interpreter inside the container.
+    type: str
+    default: python3
+  log_file:
+    description: Log file of the serve process, inside the container.
+    type: path
+    default: /tmp/dgx-spark-vllm-serve.log
+  state_file:
+    description: State file (PID and argument hash), inside the container.
+    type: path
+    default: /tmp/dgx-spark-vllm-serve.json
+  health_timeout:
+    description: Seconds to wait for C(/health) to answer 200 (loading a large model takes minutes).
+    type: int
+    default: 1800
+  stop_timeout:
+    description: Seconds to wait for the old process to exit after SIGTERM before SIGKILL.
+    type: int
+    default: 60
+  request_timeout:
+    description: Seconds one HTTP request may take (the completion included).
+    type: int
+    default: 120
+  smoke_prompt:
+    description: Prompt of the verification completion.
+    type: str
+    default: "The capital of France is"
+  smoke_max_tokens:
+    description: Tokens of the verification completion.
+    type: int
+    default: 16
+  log_lines:
+    description: Lines of the serve log included in a failure.
+    type: int
+    default: 60
+"""
+
+EXAMPLES = r"""
+- name: Serve Qwen3.5 over both Sparks
+  dgx_spark.vllm.vllm_serve:
+    container: ray-head
+    model: /models/Qwen3.5-122B-A10B-FP8
+    served_model_name: qwen3.5-122b
+    tensor_parallel_size: 2
+    max_model_len: 65536
+    gpu_memory_utilization: 0.8
+    api_key: "{{ vault_vllm_api_key }}"
+    extra_args: [--reasoning-parser, qwen3, --enable-prefix-caching]
+"""
+
+RETURN = r"""
+endpoint:
+  description: Base URL of the OpenAI-compatible API, as seen from the head node.
+  returned: when state is started
+  type: str
+  sample: http://127.0.0.1:8000/v1
+model:
+  description: The served model name.
+  returned: when state is started
+  type: str
+command:
+  description: The C(vllm serve) command line (no secrets).
+  returned: always
+  type: list
+  elements: str
+args_hash:
+  description: Hash of the arguments and environment.
+  returned: always
+  type: str
+pid:
+  description: PID of the serve process inside the container.
+  returned: when state is started
+  type: int
+flag_check:
+  description: What the flags were checked against (V(installed parser) or V(upstream table)) and why.
+  returned: always
+  type: str
+completion:
+  description: Text of the verification completion.
+  returned: when state is started and not in check mode
+  type: str
+timings:
+  description: Seconds per stage (flag_check, stop, start, health, models, completion).
+  returned: always
+  type: dict
+actions:
+  description: What was done (V(started), V(restarted), V(stopped)); empty when nothing changed.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import json
+import socket
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _vllm_args
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
+    DOCKER_COMMON_ARGS,
+    DockerException,
+    docker_client,
+    find_container,
+)
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
+
+# Fixed programs run with `python3 -c`; all variable input travels as argv, never through a shell.
+LAUNCH = (
+    "import json, os, sys, time\n"
+    "state, log, digest = sys.argv[1:4]\n"
+    "argv = sys.argv[5:]\n"
+    "fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+    "os.dup2(fd, 1)\n"
+    "os.dup2(fd, 2)\n"
+    "if os.getpgrp() != os.getpid():\n"
+    "    os.setsid()\n"
+    "with open(state + '.tmp', 'w') as f:\n"
+    "    json.dump({'pid': os.getpid(), 'args_hash': digest, 'argv': argv, 'started': time.time()}, f)\n"
+    "os.rename(state + '.tmp', state)\n"
+    "os.execvp(argv[0], argv)\n"
+)
+STATUS = (
+    "import json, os, sys\n"
+    "try:\n"
+    "    state = json.load(open(sys.argv[1]))\n"
+    "except (OSError, ValueError):\n"
+    "    state = None\n"
+    "alive = False\n"
+    "if state:\n"
+    "    try:\n"
+    "        with open('/proc/%d/stat' % state['pid']) as f:\n"
+    "            alive = f.read().split(') ')[-1][:1] not in ('Z', 'X')\n"
+    "    except OSError:\n"
+    "        alive = False\n"
+    "print(json.dumps({'state': state, 'alive': alive}))\n"
+)
+SIGNAL = "import os, sys\nos.killpg(int(sys.argv[1]), int(sys.argv[2]))\n"
+
+
+class VllmServe:
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.timings = {}
+        self.result = dict(changed=False, actions=[], timings=self.timings)
+        self.container = None
+
+    # --- docker exec helpers -------------------------------------------------------------
+    def exec_py(self, script, *args, **kwargs):
+        try:
+            res = self.container.exec_run([self.p["python"], "-c", script, *[str(a) for a in args]], **kwargs)
+        except DockerException as exc:
+            self.fail("docker exec in %s failed: %s" % (self.p["container"], exc))
+        out = res.output if res.output is not None else b""
+        return res.exit_code, out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out)
+
+    def status(self):
+        code, out = self.exec_py(STATUS, self.p["state_file"])
+        try:
+            return json.loads(out.strip().splitlines()[-1]) if code == 0 else {"state": None, "alive": False}
+        except (ValueError, IndexError):
+            return {"state": None, "alive": False}
+
+    def log_tail(self):
+        try:
+            res = self.container.exec_run(["tail", "-n", str(self.p["log_lines"]), self.p["log_file"]])
+        except DockerException as exc:
+            return "(log not readable: %s)" % exc
+        out = res.output or b""
+        return out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out)
+
+    def fail(self, msg, **extra):
+        out = dict(self.result)
+        out.update(extra)
+        self.module.fail_json(msg=msg, **out)
+
+    # --- stages ----------------------------------------------------------------------------
+    def run(self):
+        argv = _vllm_args.serve_argv(self.p) if self.p["state"] != "absent" else []
+        env = _vllm_args.serve_env(self.p) if self.p["state"] != "absent" else {}
+        digest = _vllm_args.args_hash(argv, env)
+        self.result.update(command=argv, args_hash=digest, flag_check="")
+        if self.p["state"] != "absent":
+            self.check_input()
+        client = docker_client(self.module)
+        self.container = find_container(client, self.p["container"])
+        running = self.container is not None and self.container.status == "running"
+        if self.p["state"] != "absent":
+            self.check_flags(argv, running)
+        if self.p["state"] == "checked":
+            # Preflight: the port must be free unless our own server already holds it.
+            if not (running and self.status()["alive"]):
+                self.check_port_free()
+            self.module.exit_json(**self.result)
+        if not running:
+            if self.p["state"] == "absent":
+                self.module.exit_json(**self.result)
+            self.fail(
+                "The Ray head container %s is not running on this node; vllm serve runs inside it. "
+                "Run the ray_cluster role first." % self.p["container"]
+            )
+        current = self.status()
+        state = current["state"] or {}
+        before = dict(args_hash=state.get("args_hash"), alive=current["alive"], command=state.get("argv"))
+        if self.p["state"] == "absent":
+            self.result["diff"] = dict(before=before, after=dict(alive=False))
+            if current["alive"]:
+                self.result.update(changed=True, actions=["stopped"])
+                if not self.module.check_mode:
+                    self.stop(state["pid"])
+            self.module.exit_json(**self.result)
+        self.result["diff"] = dict(before=before, after=dict(args_hash=digest, alive=True, command=argv))
+        same = current["alive"] and state.get("args_hash") == digest
+        healthy = same and self.health_once()
+        if healthy:
+            self.result["pid"] = state["pid"]
+        else:
+            self.result["changed"] = True
+            self.result["actions"].append("restarted" if current["alive"] else "started")
+            if self.module.check_mode:
+                self.module.exit_json(**self.result)
+            if current["alive"]:
+                self.stop(state["pid"])
+            self.check_port_free()
+            self.start(argv, env, digest)
+            self.wait_health()
+        if self.module.check_mode:
+            self.module.exit_json(**self.result)
+        self.verify()
+        self.module.exit_json(**self.result)
+
+    def check_input(self):
+        errors = []
+        for key in ("model", "served_model_name"):
+            if not self.p[key]:
+                errors.append("%s: required to serve; set it in the model profile" % key)
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if self.p[key] < 1:
+                errors.append("%s: must be 1 or more, got %s" % (key, self.p[key]))
+        gmu = self.p["gpu_memory_utilization"]
+        if gmu is not None and not 0 < gmu <= 1:
+            errors.append("gpu_memory_utilization: must be in (0, 1], got %s" % gmu)
+        if not 0 < self.p["port"] < 65536:
+            errors.append("port: %s is not a TCP port" % self.p["port"])
+        if errors:
+            self.fail("; ".join(errors))
+
+    def check_flags(self, argv, running):
+        started = time.monotonic()
+        known, how = None, "upstream table (head container not running)"
+        if running and self.p["check_installed_flags"]:
+            code, out = self.exec_py(_vllm_args.INSTALLED_FLAGS_SCRIPT)
+            if code == 0:
+                try:
+                    known = frozenset(json.loads(out.strip().splitlines()[-1]))
+                    how = "installed parser"
+                except (ValueError, IndexError):
+                    how = "upstream table (installed parser printed no flag list)"
+            else:
+                last = out.strip().splitlines()[-1] if out.strip() else "exit %s" % code
+                how = "upstream table (installed parser not available: %s)" % last
+        elif running:
+            how = "upstream table (check_installed_flags=false)"
+        problems = _vllm_args.check_extra_args(self.p["extra_args"], known)
+        if known is not None:
+            # The installed engine must also know every flag this module emits.
+            for name in _vllm_args.flag_names(argv[3:]):
+                if name not in known:
+                    problems.append("the installed vLLM has no %s flag; use an image whose vLLM supports it" % name)
+        self.result["flag_check"] = how
+        self.timings["flag_check"] = round(time.monotonic() - started, 2)
+        if problems:
+            self.fail("Refusing to start vllm serve: " + "; ".join(problems) + " (checked against the %s)" % how)
+
+    def stop(self, pid):
+        started = time.monotonic()
+        self.exec_py(SIGNAL, pid, 15)
+
+        def gone():
+            return not self.status()["alive"], "stopping"
+
+        res = wait_for(gone, self.p["stop_timeout"])
+        if not res.ok:
+            self.exec_py(SIGNAL, pid, 9)
+            res = wait_for(gone, 10)
+            if not res.ok:
+                self.fail("The old vllm serve process (pid %s) did not exit after SIGKILL" % pid)
+        self.timings["stop"] = round(time.monotonic() - started, 2)
+
+    def check_port_free(self):
+        try:
+            sock = socket.create_connection((self.local_host(), self.p["port"]), timeout=2)
+        except OSError:
+            return
+        sock.close()
+        self.fail(
+            "port: %s is already in use on the head by another process; free it or choose another port "
+            "(vllm_server_port)" % self.p["port"]
+        )
+
+    def start(self, argv, env, digest):
+        cmd = [self.p["python"], "-c", LAUNCH, self.p["state_file"], self.p["log_file"], digest, "--", *argv]
+        try:
+            self.container.exec_run(cmd, detach=True, environment=env)
+        except DockerException as exc:
+            self.fail("docker exec -d in %s failed: %s" % (self.p["container"], exc))
+
+        def launched():
+            st = self.status()
+            ok = bool(st["state"]) and st["state"].get("args_hash") == digest
+            return ok, "launching"
+
+        res = wait_for(launched, 30)
+        if not res.ok:
+            self.fail("vllm serve did not start in %s. Log tail:\n%s" % (self.p["container"], self.log_tail()))
+        self.result["pid"] = self.status()["state"]["pid"]
+        self.timings["start"] = round(res.elapsed, 2)
+
+    def local_host(self):
+        # A wildcard bind is reached through loopback from the head itself.
+        wildcard = ("0.0.0.0", "::", "")  # noqa: S104
+        return "127.0.0.1" if self.p["host"] in wildcard else self.p["host"]
+
+    def url(self, path):
+        host = self.local_host()
+        if ":" in host:
+            host = "[%s]" % host
+        return "http://%s:%d%s" % (host, self.p["port"], path)
+
+    def http(self, method, path, body=None, timeout=None):
+        headers = {"Content-Type": "application/json"}
+        if self.p["api_key"]:
+            headers["Authorization"] = "Bearer %s" % self.p["api_key"]
+        data = json.dumps(body) if body is not None else None
+        resp = open_url(
+            self.url(path),
+            method=method,
+            data=data,
+            headers=headers,
+            timeout=timeout or self.p["request_timeout"],
+            use_proxy=False,
+        )
+        return resp.getcode(), resp.read()
+
+    def health_once(self):
+        try:
+            code, _body = self.http("GET", "/health", timeout=5)
+        except Exception:
+            return False
+        return code == 200
+
+    def wait_health(self):
+        def healthy():
+            if not self.status()["alive"]:
+                raise StopWaiting("the vllm serve process exited")
+            try:
+                code, _body = self.http("GET", "/health", timeout=5)
+            except Exception as exc:
+                return False, type(exc).__name__ + (": %s" % getattr(exc, "code", "")).rstrip(": ")
+            return code == 200, "HTTP %s" % code
+
+        res = wait_for(healthy, self.p["health_timeout"])
+        self.timings["health"] = round(res.elapsed, 2)
+        if not res.ok:
+            why = res.stopped or "no 200 from /health within %ss (last: %s)" % (self.p["health_timeout"], res.last)
+            self.fail(
+                "vllm serve is not healthy: %s. Log tail (%s):\n%s" % (why, self.p["log_file"], self.log_tail()),
+                progress=res.progress,
+            )
+
+    def verify(self):
+        name = self.p["served_model_name"]
+        self.result.update(endpoint=self.url("/v1"), model=name)
+        started = time.monotonic()
+        try:
+            _code, body = self.http("GET", "/v1/models")
+            listed = [m.get("id") for m in json.loads(body).get("data", [])]
+        except Exception as exc:
+            self.fail("GET /v1/models failed: %s" % exc)
+        self.timings["models"] = round(time.monotonic() - started, 2)
+        if name not in listed:
+            self.fail("/v1/models lists %s, not the served name %s" % (listed, name))
+        started = time.monotonic()
+        body = {
+            "model": name,
+            "prompt": self.p["smoke_prompt"],
+            "max_tokens": self.p["smoke_max_tokens"],
+            "temperature": 0,
+        }
+        try:
+            _code, raw = self.http("POST", "/v1/completions", body)
+            text = json.loads(raw)["choices"][0]["text"]
+        except Exception as exc:
+            self.fail("The verification completion failed: %s. Log tail:\n%s" % (exc, self.log_tail()))
+        self.timings["completion"] = round(time.monotonic() - started, 2)
+        self.result["completion"] = text
+
+
+def main():
+    argument_spec = dict(
+        container=dict(type="str", default="ray-head"),
+        state=dict(type="str", choices=["started", "absent", "checked"], default="started"),
+        model=dict(type="str"),
+        served_model_name=dict(type="str"),
+        tensor_parallel_size=dict(type="int", default=1),
+        pipeline_parallel_size=dict(type="int", default=1),
+        host=dict(type="str", default="0.0.0.0"),  # noqa: S104 - the API is served to the network
+        port=dict(type="int", default=8000),
+        max_model_len=dict(type="int"),
+        gpu_memory_utilization=dict(type="float"),
+        api_key=dict(type="str", no_log=True),
+        extra_args=dict(type="list", elements="str", default=[]),
+        env=dict(type="dict", default={}),
+        placement_strategy=dict(
+            type="str", choices=["SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK", "none"], default="SPREAD"
+        ),
+        check_installed_flags=dict(type="bool", default=True),
+        python=dict(type="str", default="python3"),
+        log_file=dict(type="path", default="/tmp/dgx-spark-vllm-serve.log"),  # noqa: S108 - inside the container
+        state_file=dict(type="path", default="/tmp/dgx-spark-vllm-serve.json"),  # noqa: S108
+        health_timeout=dict(type="int", default=1800),
+        stop_timeout=dict(type="int", default=60),
+        request_timeout=dict(type="int", default=120),
+        smoke_prompt=dict(type="str", default="The capital of France is"),
+        smoke_max_tokens=dict(type="int", default=16, no_log=False),
+        log_lines=dict(type="int", default=60),
+    )
+    argument_spec.update(DOCKER_COMMON_ARGS)
+    module = AnsibleModule(
+        argument_spec=argument_spec,
+        required_if=[
+            ("state", "started", ("model", "served_model_name")),
+            ("state", "checked", ("model", "served_model_name")),
+        ],
+        supports_check_mode=True,
+    )
+    VllmServe(module).run()
+
+
+if __name__ == "__main__":
+    main()

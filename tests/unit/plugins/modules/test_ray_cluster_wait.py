@@ -1,0 +1,142 @@
+"""ray_cluster_wait against recorded real ray.nodes() output (Ray 2.60, fixtures/ray/)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray, _wait
+from ansible_collections.dgx_spark.vllm.plugins.modules import ray_cluster_wait
+from fake_docker import FakeClient, FakeContainer, FakeExecResult, inspect, use_client
+from module_runner import fixture_text, run_module
+
+HEAD_IP = "192.0.2.2"
+# The recordings were made on one machine, so head and worker share an IP there; the worker
+# gets its own address here, as on two Sparks.
+WORKER_IP = "192.0.2.3"
+EXPECTED = [{"host": "spark-1", "ip": HEAD_IP}, {"host": "spark-2", "ip": WORKER_IP}]
+
+
+def recorded(name):
+    doc = json.loads(fixture_text("ray", name))
+    if len(doc["nodes"]) > 1:
+        doc["nodes"][1]["NodeManagerAddress"] = WORKER_IP
+    return doc
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+@pytest.fixture
+def head(monkeypatch):
+    client = use_client(monkeypatch, ray_cluster_wait, FakeClient())
+    attrs = inspect("container_ray_head.json")
+    attrs["Name"] = "/ray-head"
+    container = client.containers.add(FakeContainer(attrs, log=b"Ray runtime started.\n"))
+    clock = Clock()
+    monkeypatch.setattr(
+        ray_cluster_wait,
+        "wait_for",
+        lambda check, timeout, interval=1.0: _wait.wait_for(check, timeout, interval, clock=clock, sleep=clock.sleep),
+    )
+    container.clock = clock
+    return container
+
+
+def answers(container, docs):
+    """Each poll returns the next recorded document (the last one repeats)."""
+    seq = list(docs)
+
+    def handler(cmd, **_kwargs):
+        assert cmd[:2] == ["python3", "-c"] and cmd[2] == _ray.RAY_QUERY
+        doc = seq.pop(0) if len(seq) > 1 else seq[0]
+        if isinstance(doc, tuple):
+            return FakeExecResult(*doc)
+        return FakeExecResult(0, (json.dumps(doc) + "\n").encode())
+
+    container.exec_handler = handler
+
+
+def test_parse_recorded_nodes():
+    state = _ray.cluster_state(json.loads(fixture_text("ray", "nodes_worker_dead.json")))
+    assert state["alive_nodes"] == 1 and state["gpus"] == 1.0
+    assert state["dead_ips"] == [HEAD_IP]
+
+
+def test_worker_joins_then_done(monkeypatch, head):
+    answers(head, [recorded("nodes_head_only.json")] * 3 + [recorded("nodes_two_alive.json")])
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2)
+    )
+    assert not failed, res
+    assert res["alive_nodes"] == 2 and res["gpus"] == 2.0 and res["missing"] == []
+    assert res["elapsed"] == 3.0
+    assert [p["state"] for p in res["progress"]] == [
+        "1/2 nodes alive, 1/2 GPUs; missing spark-2 (192.0.2.3)",
+        "2/2 nodes alive, 2/2 GPUs",
+    ]
+
+
+def test_timeout_names_missing_node_by_host_and_ip(monkeypatch, head):
+    answers(head, [recorded("nodes_worker_dead.json")])
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, timeout=5)
+    )
+    assert failed
+    assert res["missing"] == [{"host": "spark-2", "ip": WORKER_IP}]
+    assert "Missing node spark-2 (192.0.2.3)" in res["msg"]
+    assert "after 5s" in res["msg"]
+    assert res["elapsed"] == 5.0
+    assert "Ray runtime started" in res["head_log"]
+
+
+def test_gpu_shortfall_is_not_ready(monkeypatch, head):
+    doc = recorded("nodes_two_alive.json")
+    doc["nodes"][1]["Resources"].pop("GPU")
+    answers(head, [doc])
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, timeout=2)
+    )
+    assert failed and res["missing"] == []
+    assert "GPUs do not add up (1, expected 2)" in res["msg"]
+
+
+def test_ray_not_answering_reports_the_error(monkeypatch, head):
+    answers(head, [(1, fixture_text("ray", "query_no_ray.stderr").encode())])
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, timeout=3)
+    )
+    assert failed
+    assert "Could not find any running Ray instance" in res["msg"]
+    assert res["missing"] == EXPECTED
+
+
+def test_head_not_running_fails_fast(monkeypatch, head):
+    head.attrs["State"]["Status"] = "exited"
+    head.exec_handler = lambda *a, **k: pytest.fail("must not query a stopped head")
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2)
+    )
+    assert failed and "not running" in res["msg"] and "exited" in res["msg"]
+    assert head.clock.now == 0.0
+
+
+def test_missing_head_container(monkeypatch, head):
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="nope", expected_nodes=EXPECTED, expected_gpus=2)
+    )
+    assert failed and "nope is not running" in res["msg"] and "missing" in res["msg"]
+
+
+def test_duplicate_expected_ips_rejected(monkeypatch, head):
+    nodes = [{"host": "a", "ip": HEAD_IP}, {"host": "b", "ip": HEAD_IP}]
+    failed, res = run_module(monkeypatch, ray_cluster_wait, dict(expected_nodes=nodes, expected_gpus=2))
+    assert failed and "expected_nodes" in res["msg"]

@@ -1,0 +1,171 @@
+"""ray_node against a fake engine holding recorded real `docker inspect` output."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray
+from ansible_collections.dgx_spark.vllm.plugins.modules import ray_node
+from fake_docker import FakeClient, FakeContainer, inspect, use_client
+from module_runner import fixture_text, run_module
+
+IMAGE = "bringup-test/ray-entrypoint:1"
+
+# The arguments the recorded container (fixtures/docker/container_ray_head.json) was created with
+# by this module on the real engine.
+RECORDED_ARGS = dict(
+    name="bringup-test-ray-head",
+    role="head",
+    image=IMAGE,
+    node_ip="127.0.0.1",
+    declared_gpus=1,
+    shm_size="1g",
+    env={"NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"},
+    mounts=[{"source": "/tmp/bt", "target": "/models", "read_only": True}],  # noqa: S108 - as recorded
+    start_timeout=5,
+)
+
+
+@pytest.fixture
+def client(monkeypatch):
+    fake = FakeClient(
+        images={IMAGE: inspect("image_with_entrypoint.json"), "plain:1": inspect("image_no_entrypoint.json")}
+    )
+    return use_client(monkeypatch, ray_node, fake)
+
+
+def recorded_container(client):
+    return client.containers.add(
+        FakeContainer(inspect("container_ray_head.json"), log=fixture_text("docker", "container_ray_head.log").encode())
+    )
+
+
+def test_create_overrides_entrypoint_and_builds_the_container(monkeypatch, client):
+    failed, res = run_module(monkeypatch, ray_node, RECORDED_ARGS)
+    assert not failed, res
+    assert res["changed"] and res["actions"] == ["created"]
+    assert res["image_entrypoint"] == ["/opt/start.sh"]
+    assert res["entrypoint"] == "overrode ENTRYPOINT ['/opt/start.sh'] with ['ray']"
+    kwargs = client.containers.created[0]
+    assert kwargs["entrypoint"] == ["ray"]
+    assert kwargs["command"][:2] == ["start", "--head"]
+    assert "--node-ip-address=127.0.0.1" in kwargs["command"]
+    assert "--num-gpus=1" in kwargs["command"]
+    assert "--include-dashboard=false" in kwargs["command"]
+    assert kwargs["command"][-2:] == ["--disable-usage-stats", "--block"]
+    assert kwargs["network_mode"] == "host" and kwargs["ipc_mode"] == "host"
+    assert kwargs["init"] is True and kwargs["privileged"] is False
+    assert kwargs["restart_policy"] == {"Name": "unless-stopped"}
+    # Declared GPU only: no device request, no RDMA devices in the lab.
+    assert "device_requests" not in kwargs and "devices" not in kwargs and "cap_add" not in kwargs
+    assert kwargs["environment"]["NCCL_SOCKET_IFNAME"] == "lo"
+    assert kwargs["mounts"][0]["Target"] == "/models" and kwargs["mounts"][0]["ReadOnly"] is True
+
+
+def test_hash_matches_the_label_the_real_engine_holds(monkeypatch, client):
+    container = recorded_container(client)
+    failed, res = run_module(monkeypatch, ray_node, RECORDED_ARGS)
+    assert not failed, res
+    assert res["config_hash"] == container.labels[_ray.HASH_LABEL]
+    assert not res["changed"] and res["actions"] == []
+    assert client.containers.created == [] and "start" not in container.calls
+
+
+def test_changed_env_recreates(monkeypatch, client):
+    container = recorded_container(client)
+    args = dict(RECORDED_ARGS, env={"NCCL_SOCKET_IFNAME": "enp1s0f1np1"})
+    failed, res = run_module(monkeypatch, ray_node, args)
+    assert not failed, res
+    assert res["actions"] == ["recreated"]
+    assert ("remove", True) in container.calls
+    assert client.containers.created[0]["environment"]["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
+    assert res["diff"]["before"]["config_hash"] != res["diff"]["after"]["config_hash"]
+
+
+def test_stopped_container_is_started_not_recreated(monkeypatch, client):
+    container = recorded_container(client)
+    container.attrs["State"]["Status"] = "exited"
+    failed, res = run_module(monkeypatch, ray_node, RECORDED_ARGS)
+    assert not failed, res
+    assert res["actions"] == ["started"]
+    assert "start" in container.calls and client.containers.created == []
+
+
+def test_force_restart_recreates_unchanged(monkeypatch, client):
+    recorded_container(client)
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, force_restart=True))
+    assert not failed and res["actions"] == ["recreated"]
+
+
+def test_check_mode_changes_nothing(monkeypatch, client):
+    container = recorded_container(client)
+    args = dict(RECORDED_ARGS, env={}, _ansible_check_mode=True)
+    failed, res = run_module(monkeypatch, ray_node, args)
+    assert not failed and res["changed"]
+    assert client.containers.created == [] and not any(
+        c[0] == "remove" for c in container.calls if isinstance(c, tuple)
+    )
+
+
+def test_gpus_and_rdma(monkeypatch, client):
+    args = dict(RECORDED_ARGS, gpus=1, declared_gpus=None, rdma_devices=["/dev/infiniband"])
+    failed, res = run_module(monkeypatch, ray_node, args)
+    assert not failed, res
+    kwargs = client.containers.created[0]
+    assert kwargs["device_requests"][0]["Count"] == -1
+    assert kwargs["device_requests"][0]["Capabilities"] == [["gpu"]]
+    assert kwargs["devices"] == ["/dev/infiniband:/dev/infiniband:rwm"]
+    assert kwargs["cap_add"] == ["IPC_LOCK"]
+    assert kwargs["ulimits"][0]["Soft"] == -1
+    assert "--num-gpus=1" in kwargs["command"]
+    assert kwargs["privileged"] is False
+
+
+def test_worker_command(monkeypatch, client):
+    args = dict(
+        RECORDED_ARGS, name="ray-worker", role="worker", head_address="198.18.100.11", ray_port=6380, image="plain:1"
+    )
+    failed, res = run_module(monkeypatch, ray_node, args)
+    assert not failed, res
+    assert res["command"][:3] == ["ray", "start", "--address=198.18.100.11:6380"]
+    assert "--head" not in res["command"] and "--include-dashboard=false" not in res["command"]
+    assert res["entrypoint"] == "image has no ENTRYPOINT; set ['ray']"
+
+
+def test_dashboard_when_asked(monkeypatch, client):
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, include_dashboard=True, dashboard_port=8300))
+    assert not failed
+    assert "--include-dashboard=true" in res["command"] and "--dashboard-port=8300" in res["command"]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (dict(role="worker"), "head_address"),
+        (dict(node_ip="spark-1"), "node_ip"),
+        (dict(rdma_devices=["infiniband"]), "rdma_devices"),
+        (dict(declared_gpus=-1), "declared_gpus"),
+        (dict(image="missing:1"), "runtime_image"),
+    ],
+)
+def test_bad_input_fails_before_any_change(monkeypatch, client, args, named):
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, **args))
+    assert failed and named in res["msg"]
+    assert client.containers.created == []
+
+
+def test_container_that_exits_fails_with_its_log(monkeypatch, client):
+    client.containers.log_for_new = fixture_text("docker", "container_exited.log").encode()
+    client.containers.status_after_start = "exited"
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, image="plain:1"))
+    assert failed
+    assert "container exited" in res["msg"]
+    assert "exec ray failed" in res["msg"]
+
+
+def test_absent_removes(monkeypatch, client):
+    container = recorded_container(client)
+    failed, res = run_module(monkeypatch, ray_node, dict(name="bringup-test-ray-head", state="absent"))
+    assert not failed and res["actions"] == ["removed"]
+    assert ("remove", True) in container.calls
+    failed, res = run_module(monkeypatch, ray_node, dict(name="bringup-test-ray-head", state="absent"))
+    assert not failed and not res["changed"]
