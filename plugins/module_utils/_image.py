@@ -32,7 +32,7 @@ import json, os, subprocess, sys, tempfile
 out = {"python": sys.version.split()[0]}
 proc = subprocess.run([sys.executable, "-m", "pip", "check"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 out["pip_check"] = {"rc": proc.returncode, "lines": proc.stdout.decode("utf-8", "replace").splitlines()}
-for name in ("vllm", "transformers"):
+for name in ("vllm", "transformers", "ray"):
     try:
         mod = __import__(name)
         out[name] = {"version": getattr(mod, "__version__", None), "error": None}
@@ -223,6 +223,13 @@ def evaluate(result, architectures):
     for name in ("vllm", "transformers"):
         if result[name]["error"]:
             causes.append("import %s failed: %s" % (name, result[name]["error"]))
+    # Older recorded outputs have no "ray" entry; vLLM images from 0.18 on ship without Ray.
+    ray = result.get("ray", {"version": None, "error": None})
+    if ray["error"]:
+        causes.append(
+            "import ray failed: %s (the Ray cluster runs inside this image: add Ray with a build or graft that "
+            "pip-installs ray)" % ray["error"]
+        )
     archs = result.get("archs")
     if result.get("archs_error"):
         causes.append("vllm.ModelRegistry.get_supported_archs() failed: %s" % result["archs_error"])
@@ -247,6 +254,7 @@ def evaluate(result, architectures):
         "pip_check": result["pip_check"]["lines"],
         "vllm_version": result["vllm"]["version"],
         "transformers_version": result["transformers"]["version"],
+        "ray_version": ray["version"],
         "architectures": list(architectures or []),
         "architecture_supported": supported,
         "closest_architectures": closest,

@@ -234,6 +234,9 @@ verification:
     transformers_version:
       description: C(transformers.__version__) in the image.
       type: str
+    ray_version:
+      description: C(ray.__version__) in the image (the Ray cluster runs inside it).
+      type: str
     architectures:
       description: Architectures checked.
       type: list

@@ -121,6 +121,16 @@ def test_import_failure_is_a_cause():
     assert causes == ["import vllm failed: ModuleNotFoundError: No module named 'vllm'"]
 
 
+def test_image_without_ray_is_refused():
+    result = recorded("verify-runtime-donor.txt")
+    result["ray"] = {"version": None, "error": "ModuleNotFoundError: No module named 'ray'"}
+    facts, causes = _image.evaluate(result, [ARCH])
+    assert len(causes) == 1
+    assert causes[0].startswith("import ray failed: ModuleNotFoundError")
+    assert "pip-installs ray" in causes[0]
+    assert facts["ray_version"] is None
+
+
 def test_pip_conflicts_put_vllm_first():
     lines = [
         "foo 1.0 has requirement bar<2, but you have bar 2.1.",
