@@ -46,8 +46,11 @@ unit: venv
 integration: venv engine
 	pytest tests/integration
 
+# Stage order: each scenario finds the lab as the stages before it left it (the default
+# scenario creates the lab first and destroys it last).
+SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy
 molecule: venv engine
-	$(MOLECULE) test --all
+	$(MOLECULE) test $(foreach s,$(SCENARIOS),-s $(s))
 
 clean:
 	rm -rf build tests/output
