@@ -10,16 +10,16 @@ from ansible.module_utils.basic import missing_required_lib
 
 try:
     import docker
-    from docker.errors import DockerException, ImageNotFound, NotFound
+    from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
     HAS_DOCKER = True
     DOCKER_IMPORT_ERROR = None
 except ImportError:  # pragma: no cover - reported through fail_json
     HAS_DOCKER = False
     DOCKER_IMPORT_ERROR = traceback.format_exc()
-    DockerException = ImageNotFound = NotFound = Exception
+    APIError = DockerException = ImageNotFound = NotFound = Exception
 
-__all__ = ["DOCKER_COMMON_ARGS", "HAS_DOCKER", "DockerException", "ImageNotFound", "NotFound", "docker_client"]
+__all__ = ["DOCKER_COMMON_ARGS", "APIError", "HAS_DOCKER", "DockerException", "ImageNotFound", "NotFound", "docker_client"]
 
 # Merged into every Docker-using module's argument_spec.
 DOCKER_COMMON_ARGS = dict(

@@ -182,7 +182,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _nccl_payload
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, docker_client
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, APIError, docker_client
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._nccl_test import (
     DEFAULT_SIZES,
     DEFAULT_THRESHOLD_GBPS,
@@ -194,6 +194,9 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._nccl_test import (
     verdict,
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._nvidia_smi import NvidiaSmi, NvidiaSmiError
+
+# Created by the NVIDIA driver on a node with a real GPU.
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
 
 CONTAINER_DIR = "/opt/dgx-spark-nccl-test"
 LOG_TAIL_LINES = 60
@@ -234,6 +237,12 @@ class NcclTest:
             count = len(smi.query_gpus())
         except NvidiaSmiError as exc:
             return 0, "nvidia-smi cannot list GPUs: %s" % exc
+        if count and not os.path.exists(NVIDIA_CONTROL_DEVICE):
+            # An nvidia-smi without the driver's device nodes (the lab's simulator) is no GPU to test.
+            return 0, "nvidia-smi lists %d GPU(s) but %s is missing: no NVIDIA device to test" % (
+                count,
+                NVIDIA_CONTROL_DEVICE,
+            )
         return count, None if count else "nvidia-smi lists no GPU on this node"
 
     def run_host(self, args):
@@ -247,12 +256,32 @@ class NcclTest:
         return rc, out + err, command
 
     def run_image(self, args):
-        from docker.types import DeviceRequest, Ulimit  # noqa: PLC0415 - only with image, guarded by docker_client()
-
         client = docker_client(self.module)
         devices = ["%s:%s:rwm" % (d, d) for d in self.params["devices"]]
         command = [self.params["python"], *args]
-        container = client.containers.run(
+        try:
+            container = self.start_container(client, args, devices)
+        except APIError as exc:
+            if "could not select device driver" in str(exc):
+                self.module.fail_json(
+                    msg="image: the Docker engine on this node cannot give containers its GPUs (%s); install the "
+                    "NVIDIA Container Toolkit and restart Docker" % exc.explanation
+                )
+            raise
+        try:
+            try:
+                rc = container.wait(timeout=self.params["timeout"])["StatusCode"]
+            except Exception:  # requests' timeout: a peer never joined or NCCL hung
+                rc = RC_TIMEOUT
+            log = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        finally:
+            container.remove(force=True)
+        return rc, log, command
+
+    def start_container(self, client, args, devices):
+        from docker.types import DeviceRequest, Ulimit  # noqa: PLC0415 - only with image, guarded by docker_client()
+
+        return client.containers.run(
             self.params["image"],
             entrypoint=[self.params["python"]],
             command=args,
@@ -266,15 +295,6 @@ class NcclTest:
             ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)],
             labels={"dgx_spark.vllm.role": "nccl_test"},
         )
-        try:
-            try:
-                rc = container.wait(timeout=self.params["timeout"])["StatusCode"]
-            except Exception:  # requests' timeout: a peer never joined or NCCL hung
-                rc = RC_TIMEOUT
-            log = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-        finally:
-            container.remove(force=True)
-        return rc, log, command
 
     def env(self):
         env = dict((k, str(v)) for k, v in self.params["env"].items())

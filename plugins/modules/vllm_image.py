@@ -283,6 +283,9 @@ peers:
     bytes_moved:
       description: Bytes streamed to the peer.
       type: int
+    seconds:
+      description: Seconds the stream to the peer took (0 when its image ID already matched).
+      type: float
 bytes_moved:
   description: Bytes streamed to all peers.
   returned: always
@@ -290,6 +293,7 @@ bytes_moved:
 """
 
 import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, docker_client
@@ -414,8 +418,11 @@ class ImageManager:
                 self.fail("peers: %s (%s) is not reachable: %s" % (peer["name"], peer["docker_host"], exc))
             before = image_id(client, tag)
             entry = {"name": peer["name"], "image_id_before": before, "image_id": before, "bytes_moved": 0}
+            entry["seconds"] = 0.0
             if before != target and target and not self.module.check_mode:
+                started = time.monotonic()
                 entry["bytes_moved"] = stream_image(self.client, client, tag)
+                entry["seconds"] = round(time.monotonic() - started, 2)
                 entry["image_id"] = image_id(client, tag)
                 if entry["image_id"] != target:
                     self.fail(

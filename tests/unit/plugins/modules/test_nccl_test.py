@@ -9,8 +9,10 @@ from module_runner import fixture_text, run_module
 ARGS = dict(master_addr="127.0.0.1", timeout=120)
 
 
-def host_run(monkeypatch, log_name=None, rc=0, text=None, present=True):
+def host_run(monkeypatch, log_name=None, rc=0, text=None, present=True, device_nodes=True):
     smi = FakeSmi().install(monkeypatch, present=present)
+    # The driver's control device: this test file stands in for one that exists.
+    monkeypatch.setattr(nccl_test, "NVIDIA_CONTROL_DEVICE", __file__ if device_nodes else "/nonexistent/nvidiactl")
     seen = {}
 
     def other(args, **kwargs):
@@ -28,6 +30,14 @@ def test_no_gpu_is_skipped_without_running(monkeypatch):
     failed, result = run_module(monkeypatch, nccl_test, ARGS)
     assert not failed and result["skipped"] and "not installed" in result["reason"]
     assert result["results"] == [] and "args" not in seen and smi.calls == []
+
+
+def test_simulated_gpu_without_device_nodes_is_skipped(monkeypatch):
+    _smi, seen = host_run(monkeypatch, "nccl_default", device_nodes=False)
+    failed, result = run_module(monkeypatch, nccl_test, ARGS)
+    assert not failed and result["skipped"]
+    assert "lists 2 GPU(s) but /nonexistent/nvidiactl is missing" in result["reason"]
+    assert result["results"] == [] and "args" not in seen
 
 
 def test_recorded_nvlink_run_passes(monkeypatch):
@@ -107,14 +117,18 @@ class FakeClient:
         self.container = FakeContainer(log)
         self.containers = self
         self.kwargs = None
+        self.refuse = None
 
     def run(self, image, **kwargs):
         self.image, self.kwargs = image, kwargs
+        if self.refuse:
+            raise nccl_test.APIError("500 Server Error", explanation=self.refuse)
         return self.container
 
 
 def test_image_run_overrides_entrypoint(monkeypatch):
     FakeSmi().install(monkeypatch)
+    monkeypatch.setattr(nccl_test, "NVIDIA_CONTROL_DEVICE", __file__)
     client = FakeClient(fixture_text("nccl_test", "nccl_default.log"))
     monkeypatch.setattr(nccl_test, "docker_client", lambda module: client)
     failed, result = run_module(
@@ -127,3 +141,14 @@ def test_image_run_overrides_entrypoint(monkeypatch):
     assert kwargs["devices"] == ["/dev/infiniband:/dev/infiniband:rwm"]
     assert kwargs["command"][kwargs["command"].index("-m") + 7] == "/opt/dgx-spark-nccl-test/dgx_spark_nccl_payload.py"
     assert client.container.removed
+
+
+def test_engine_without_gpu_runtime_is_named(monkeypatch):
+    FakeSmi().install(monkeypatch)
+    monkeypatch.setattr(nccl_test, "NVIDIA_CONTROL_DEVICE", __file__)
+    client = FakeClient("")
+    client.refuse = 'could not select device driver "" with capabilities: [[gpu]]'
+    monkeypatch.setattr(nccl_test, "docker_client", lambda module: client)
+    failed, result = run_module(monkeypatch, nccl_test, dict(ARGS, image="runtime:good", gpus_per_node=1))
+    assert failed and result["msg"].startswith("image: the Docker engine on this node cannot give containers its GPUs")
+    assert "NVIDIA Container Toolkit" in result["msg"]
