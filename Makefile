@@ -48,7 +48,7 @@ integration: venv engine
 
 # Stage order: each scenario finds the lab as the stages before it left it (the default
 # scenario creates the lab first and destroys it last).
-SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy
+SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy reconverge
 molecule: venv engine
 	$(MOLECULE) test $(foreach s,$(SCENARIOS),-s $(s))
 

@@ -19,7 +19,15 @@ except ImportError:  # pragma: no cover - reported through fail_json
     DOCKER_IMPORT_ERROR = traceback.format_exc()
     APIError = DockerException = ImageNotFound = NotFound = Exception
 
-__all__ = ["DOCKER_COMMON_ARGS", "APIError", "HAS_DOCKER", "DockerException", "ImageNotFound", "NotFound", "docker_client"]
+__all__ = [
+    "DOCKER_COMMON_ARGS",
+    "HAS_DOCKER",
+    "APIError",
+    "DockerException",
+    "ImageNotFound",
+    "NotFound",
+    "docker_client",
+]
 
 # Merged into every Docker-using module's argument_spec.
 DOCKER_COMMON_ARGS = dict(

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Run the deploy playbook once, in enforce or drift mode, never two at a time, and leave a JSON report.
 
 The systemd service of the reconverge role runs this; cron users and tests run it by hand.
@@ -26,11 +26,13 @@ EXIT_BUSY = 75
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["enforce", "drift"], default="enforce")
-    parser.add_argument("--inventory", required=True, help="inventory path (e.g. the real pair's inventories/spark)")
+    parser.add_argument("--inventory", required=True, help="inventory path (the real pair's: inventories/spark)")
     parser.add_argument("--playbook", required=True, help="the deploy playbook")
     parser.add_argument("--state-dir", default="/var/lib/dgx-spark/reconverge", help="reports and the lock live here")
     parser.add_argument("--keep", type=int, default=20, help="reports to keep (older ones are pruned)")
-    parser.add_argument("--lock-wait", type=float, default=0.0, help="seconds to wait for a running run, then exit busy")
+    parser.add_argument(
+        "--lock-wait", type=float, default=0.0, help="seconds to wait for a running run, then exit busy"
+    )
     parser.add_argument("--ansible-playbook", default="ansible-playbook", help="ansible-playbook executable")
     parser.add_argument("extra", nargs="*", help="more ansible-playbook arguments (after --)")
     args = parser.parse_args(argv)
@@ -79,7 +81,7 @@ def outcome(mode, rc, hosts):
 
 
 def now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def main(argv=None):
@@ -91,7 +93,7 @@ def main(argv=None):
         return EXIT_BUSY
 
     started = now()
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     raw = os.path.join(args.state_dir, ".run-%s.json" % stamp)
     cmd = [args.ansible_playbook, "-i", args.inventory, args.playbook]
     if args.mode == "drift":
@@ -99,7 +101,7 @@ def main(argv=None):
     cmd += args.extra
     env = dict(os.environ, DGX_SPARK_RUN_REPORT=raw)
     enabled = [c for c in env.get("ANSIBLE_CALLBACKS_ENABLED", "").split(",") if c]
-    env["ANSIBLE_CALLBACKS_ENABLED"] = ",".join(enabled + ["dgx_spark.vllm.run_report"])
+    env["ANSIBLE_CALLBACKS_ENABLED"] = ",".join([*enabled, "dgx_spark.vllm.run_report"])
     print("reconverge: %s run: %s" % (args.mode, " ".join(cmd)), flush=True)
     rc = subprocess.call(cmd, env=env)
 

@@ -9,7 +9,7 @@ from module_runner import fixture_text, run_module
 ARGS = dict(master_addr="127.0.0.1", timeout=120)
 
 
-def host_run(monkeypatch, log_name=None, rc=0, text=None, present=True, device_nodes=True):
+def host_run(monkeypatch, log_name=None, *, rc=0, text=None, present=True, device_nodes=True):
     smi = FakeSmi().install(monkeypatch, present=present)
     # The driver's control device: this test file stands in for one that exists.
     monkeypatch.setattr(nccl_test, "NVIDIA_CONTROL_DEVICE", __file__ if device_nodes else "/nonexistent/nvidiactl")
