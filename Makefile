@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/build/collections
 MOLECULE := molecule --base-config extensions/molecule/config.yml
 
-.PHONY: venv engine lab deploy lab-down test lint sanity unit integration molecule clean
+.PHONY: venv engine lab deploy lab-down test lint sanity unit integration molecule faults clean
 
 venv:
 	bash scripts/bootstrap.sh
@@ -28,7 +28,7 @@ lab-down: venv
 	  -e lab_remove_images=$${LAB_REMOVE_IMAGES:-false}
 
 ## Every test: lint, sanity, unit tests, Molecule scenarios on the lab.
-test: venv engine lint sanity unit integration molecule
+test: venv engine lint sanity unit integration molecule faults
 
 lint: venv
 	ruff check .
@@ -51,6 +51,11 @@ integration: venv engine
 SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy reconverge
 molecule: venv engine
 	$(MOLECULE) test $(foreach s,$(SCENARIOS),-s $(s))
+
+## Faults and bad inputs on a second lab (tests/faults/inventory): each case one line, then `N passed, N failed`.
+## The fault suite leaves its lab deployed for the bad-input suite, which takes it down.
+faults: venv engine
+	python tests/faults/run.py --keep-lab; rc=$$?; python tests/bad_inputs/run.py || rc=1; exit $$rc
 
 clean:
 	rm -rf build tests/output

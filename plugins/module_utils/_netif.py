@@ -137,7 +137,7 @@ def check_ipv4_interface(value):
         return None, "%r has no prefix length; write it as ADDRESS/PREFIX, e.g. 192.168.100.11/24" % text
     ip_text, prefix = text.split("/", 1)
     if not netaddr.valid_ipv4(ip_text, flags=netaddr.INET_PTON):
-        return None, "%r is not a dotted IPv4 address" % ip_text
+        return None, "%r is not a dotted IPv4 address; write it as ADDRESS/PREFIX, e.g. 192.168.100.11/24" % ip_text
     if not prefix.isdigit() or not 1 <= int(prefix) <= 32:
         return None, "prefix /%s is not a number from 1 to 32" % prefix
     net = netaddr.IPNetwork(text)

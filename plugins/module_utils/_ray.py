@@ -52,6 +52,9 @@ def check_params(p):
     for dev in p.get("rdma_devices") or []:
         if not dev.startswith("/dev/"):
             errors.append("rdma_devices: %r is not a device path under /dev (e.g. /dev/infiniband)" % dev)
+    for key in ("ray_port", "dashboard_port"):
+        if p.get(key) is not None and not 0 < p[key] < 65536:
+            errors.append("%s: %s is not a TCP port; use 1..65535 (Ray's default is 6379)" % (key, p[key]))
     for key in ("gpus", "declared_gpus", "num_cpus"):
         if p.get(key) is not None and p[key] < 0:
             errors.append("%s: must be 0 or more, got %s" % (key, p[key]))
@@ -177,15 +180,30 @@ def entrypoint_message(image_entrypoint, new_entrypoint):
     return "image has no ENTRYPOINT; set %s" % (list(new_entrypoint),)
 
 
-# Runs inside the head container: `python3 -c RAY_QUERY SECONDS`. The alarm bounds one poll
-# (ray.init blocks while the GCS is unreachable). Raw ray.nodes() is printed so the parsing
-# below is tested against recorded real output.
+# Runs inside the head container: `python3 -c RAY_QUERY SECONDS [WATCH EXPECTED_IPS GPUS]`. The
+# alarm bounds one poll (ray.init blocks while the GCS is unreachable). With WATCH > 0 the script
+# pays for `import ray` and ray.init once, then re-reads the nodes every 0.1 s for up to WATCH
+# seconds and stops as soon as exactly the expected IPs are alive with the expected GPUs (only a
+# hint to stop early: compare() below decides). Raw ray.nodes() is printed so the parsing below
+# is tested against recorded real output.
 RAY_QUERY = (
-    "import json, signal, sys\n"
-    "signal.alarm(int(sys.argv[1]))\n"
+    "import json, signal, sys, time\n"
+    "watch = float(sys.argv[2]) if len(sys.argv) > 4 else 0.0\n"
+    "signal.alarm(int(sys.argv[1]) + int(watch))\n"
     "import ray\n"
     "ray.init(address='auto', logging_level='ERROR', log_to_driver=False)\n"
-    "print(json.dumps({'nodes': ray.nodes(), 'cluster_resources': ray.cluster_resources()}, default=str))\n"
+    "end = time.monotonic() + watch\n"
+    "while True:\n"
+    "    nodes = ray.nodes()\n"
+    "    if watch <= 0 or time.monotonic() >= end:\n"
+    "        break\n"
+    "    alive = [n for n in nodes if n.get('Alive')]\n"
+    "    ips = sorted(n.get('NodeManagerAddress') for n in alive)\n"
+    "    gpus = sum(float((n.get('Resources') or {}).get('GPU', 0) or 0) for n in alive)\n"
+    "    if ips == sorted(json.loads(sys.argv[3])) and gpus == float(sys.argv[4]):\n"
+    "        break\n"
+    "    time.sleep(0.1)\n"
+    "print(json.dumps({'nodes': nodes, 'cluster_resources': ray.cluster_resources()}, default=str))\n"
 )
 
 

@@ -272,7 +272,7 @@ class ModelFiles:
         return _model.verify(self.p["path"])
 
     def incomplete_message(self, report):
-        parts = ["Model directory %s is %s." % (self.p["path"], report["state"])]
+        parts = ["path: model directory %s is %s." % (self.p["path"], report["state"])]
         if report["missing"]:
             parts.append("Missing: %s." % ", ".join(report["missing"]))
         for item in report["short"]:

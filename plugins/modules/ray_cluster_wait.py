@@ -60,6 +60,14 @@ options:
     description: Seconds one poll may take inside the container (it blocks while the GCS is unreachable).
     type: int
     default: 10
+  watch:
+    description:
+      - Seconds one poll keeps watching inside the container, re-reading the nodes every 0.1 s, before it
+        answers; it answers at once when the expected nodes and GPUs are there. A join is then noticed
+        within about 0.1 s instead of one C(import ray) later. C(0) asks once per poll.
+      - The wait may overrun O(timeout) by up to this much.
+    type: float
+    default: 5.0
   python:
     description: Python interpreter inside the head container.
     type: str
@@ -114,6 +122,8 @@ head_log:
   returned: on failure
   type: str
 """
+
+import json
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray
@@ -174,6 +184,11 @@ class ClusterWait:
         if container.status != "running":
             raise StopWaiting("the head container %s is %s" % (self.p["container"], container.status))
         argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
+        if self.p["watch"] > 0:
+            # One exec watches for up to `watch` seconds: the join is seen within 0.1 s, not a fresh
+            # `import ray` later.
+            ips = sorted(n["ip"] for n in self.p["expected_nodes"])
+            argv += [str(self.p["watch"]), json.dumps(ips), str(float(self.p["expected_gpus"]))]
         try:
             result = container.exec_run(argv)
         except DockerException as exc:
@@ -234,6 +249,7 @@ def main():
         timeout=dict(type="int", default=300),
         interval=dict(type="float", default=1.0),
         poll_timeout=dict(type="int", default=10),
+        watch=dict(type="float", default=5.0),
         python=dict(type="str", default="python3"),
         log_lines=dict(type="int", default=40),
     )

@@ -311,7 +311,8 @@ class RayNode:
             started = _ray.READY_MARK in log_tail(container, 200)
             return started, container.status
 
-        res = wait_for(check, self.p["start_timeout"])
+        # Reading the log tail is cheap: poll often, so the node's join is reported promptly.
+        res = wait_for(check, self.p["start_timeout"], interval=0.25)
         self.result["ready_seconds"] = round(res.elapsed, 2)
         if not res.ok:
             why = res.stopped or "no '%s' within %ss" % (_ray.READY_MARK, self.p["start_timeout"])

@@ -126,6 +126,13 @@ options:
       - Seconds the verification container may run.
     type: int
     default: 300
+  verified_record:
+    description:
+      - A JSON file on this node that remembers passed verifications, keyed by a hash of the image ID,
+        the model config, the architectures, the Python and the verification script. An image ID is its
+        content, so the same key passes again: it is not re-run (C(verification.recorded) is then true).
+        A failed verification is never recorded. Unset (the default), every run verifies.
+    type: path
   peers:
     description:
       - The other nodes' engines that must end with the same image, for example C(ssh://root@198.18.10.12)
@@ -220,6 +227,9 @@ verification:
     passed:
       description: Whether every check passed.
       type: bool
+    recorded:
+      description: True when the result came from O(verified_record) (this image, model and checks passed before).
+      type: bool
     causes:
       description: One line per failed check.
       type: list
@@ -292,13 +302,16 @@ bytes_moved:
   type: int
 """
 
+import json
 import os
+import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, docker_client
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
     INPUTS_LABEL,
+    VERIFY_SCRIPT,
     DockerException,
     ImageError,
     build_image,
@@ -319,6 +332,12 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
     tree_hash,
 )
 
+# Docker's reference grammar, simplified: lower-case path components, optional tag and digest.
+IMAGE_REFERENCE = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[a-z0-9]+:[a-f0-9]{32,})?$"
+)
+
 
 class ImageManager:
     def __init__(self, module):
@@ -335,6 +354,11 @@ class ImageManager:
     # Inputs: everything checked before anything is built or tagged.
     def check_inputs(self):
         p = self.p
+        if p["pull"] and not IMAGE_REFERENCE.match(p["pull"]):
+            raise ImageError(
+                "pull: %r is not an image reference; write [registry/]repository[:tag][@digest] in lower case, "
+                "e.g. nvcr.io/nvidia/vllm:25.09-py3" % p["pull"]
+            )
         self.config_text, self.archs = None, [p["architecture"]] if p["architecture"] else []
         if p["model_dir"]:
             self.config_text, self.archs = read_model_config(p["model_dir"])
@@ -390,12 +414,39 @@ class ImageManager:
         return image if self.result["image_id"] else None
 
     def verify(self, image):
+        key = canonical_hash([image.id, self.config_text, self.archs, self.p["python"], VERIFY_SCRIPT])
+        records = self.read_records()
+        if key in records:
+            self.result["verification"] = dict(records[key], recorded=True)
+            return []
         output = run_verification(self.client, image.id, self.p["python"], self.config_text, self.p["verify_timeout"])
         facts, causes = evaluate(parse_verification(output), self.archs)
         config = image.attrs.get("Config") or {}
         facts.update(passed=not causes, causes=causes, entrypoint=config.get("Entrypoint"), cmd=config.get("Cmd"))
-        self.result["verification"] = facts
+        self.result["verification"] = dict(facts, recorded=False)
+        if not causes and self.p["verified_record"] and not self.module.check_mode:
+            records[key] = facts
+            self.write_records(records)
         return causes
+
+    def read_records(self):
+        path = self.p["verified_record"]
+        if not path or not os.path.isfile(path):
+            return {}
+        try:
+            with open(path, encoding="utf-8") as handle:
+                records = json.load(handle)
+        except (OSError, ValueError):
+            return {}  # unreadable: verify again, and rewrite it
+        return records if isinstance(records, dict) else {}
+
+    def write_records(self, records):
+        path = self.p["verified_record"]
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(records, handle, sort_keys=True)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
 
     def promote(self):
         tag = self.p["in_service_tag"]
@@ -493,6 +544,7 @@ def main():
         python=dict(type="str", default="python3"),
         in_service_tag=dict(type="str", default="dgx-spark/vllm-runtime:in-service"),
         verify_timeout=dict(type="int", default=300),
+        verified_record=dict(type="path"),
         peers=dict(
             type="list",
             elements="dict",

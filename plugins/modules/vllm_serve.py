@@ -343,7 +343,7 @@ class VllmServe:
         if gmu is not None and not 0 < gmu <= 1:
             errors.append("gpu_memory_utilization: must be in (0, 1], got %s" % gmu)
         if not 0 < self.p["port"] < 65536:
-            errors.append("port: %s is not a TCP port" % self.p["port"])
+            errors.append("port: %s is not a TCP port; use 1..65535 (vllm_server_port)" % self.p["port"])
         if errors:
             self.fail("; ".join(errors))
 
@@ -412,7 +412,7 @@ class VllmServe:
             ok = bool(st["state"]) and st["state"].get("args_hash") == digest
             return ok, "launching"
 
-        res = wait_for(launched, 30)
+        res = wait_for(launched, 30, interval=0.25)
         if not res.ok:
             self.fail("vllm serve did not start in %s. Log tail:\n%s" % (self.p["container"], self.log_tail()))
         self.result["pid"] = self.status()["state"]["pid"]
@@ -461,7 +461,8 @@ class VllmServe:
                 return False, type(exc).__name__ + (": %s" % getattr(exc, "code", "")).rstrip(": ")
             return code == 200, "HTTP %s" % code
 
-        res = wait_for(healthy, self.p["health_timeout"])
+        # One local HTTP request per poll: cheap, so poll often and notice /health turning 200 promptly.
+        res = wait_for(healthy, self.p["health_timeout"], interval=0.25)
         self.timings["health"] = round(res.elapsed, 2)
         if not res.ok:
             why = res.stopped or "no 200 from /health within %ss (last: %s)" % (self.p["health_timeout"], res.last)

@@ -140,3 +140,21 @@ def test_duplicate_expected_ips_rejected(monkeypatch, head):
     nodes = [{"host": "a", "ip": HEAD_IP}, {"host": "b", "ip": HEAD_IP}]
     failed, res = run_module(monkeypatch, ray_cluster_wait, dict(expected_nodes=nodes, expected_gpus=2))
     assert failed and "expected_nodes" in res["msg"]
+
+
+def test_watch_passes_the_expectation_to_one_exec(monkeypatch, head):
+    seen = []
+
+    def handler(cmd, **_kwargs):
+        seen.append(cmd)
+        return FakeExecResult(0, (json.dumps(recorded("nodes_two_alive.json")) + "\n").encode())
+
+    head.exec_handler = handler
+    args = dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, watch=2.5, poll_timeout=7)
+    failed, res = run_module(monkeypatch, ray_cluster_wait, args)
+    assert not failed, res
+    assert seen == [["python3", "-c", _ray.RAY_QUERY, "7", "2.5", json.dumps(sorted([HEAD_IP, WORKER_IP])), "2.0"]]
+    seen.clear()
+    failed, res = run_module(monkeypatch, ray_cluster_wait, dict(args, watch=0))
+    assert not failed, res
+    assert seen == [["python3", "-c", _ray.RAY_QUERY, "7"]]

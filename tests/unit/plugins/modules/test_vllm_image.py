@@ -225,3 +225,23 @@ def test_check_mode_builds_and_copies_nothing(monkeypatch, engine, tmp_path):
     assert result["image_id"] is None
     assert engine.actions == []
     assert all(p["bytes_moved"] == 0 for p in result["peers"])
+
+
+def test_verified_record_skips_a_passed_verification_of_the_same_image(monkeypatch, engine, model_dir, tmp_path):
+    engine.add("lab/donor:1", "sha256:donor", entrypoint=["/usr/local/bin/spark-vllm-entrypoint.sh"])
+    record = str(tmp_path / "verified.json")
+    runs = []
+    monkeypatch.setattr(vllm_image, "run_verification", lambda *a: runs.append(a) or engine.verify_output)
+    args = {"pull": "lab/donor:1", "model_dir": model_dir, "peers": [], "verified_record": record}
+    failed, first = run_module(monkeypatch, vllm_image, args)
+    assert not failed, first["msg"]
+    assert first["verification"]["passed"] and not first["verification"]["recorded"]
+    failed, again = run_module(monkeypatch, vllm_image, args)
+    assert not failed and not again["changed"]
+    assert again["verification"]["recorded"] and again["verification"]["passed"]
+    assert len(runs) == 1
+    # Another image under the same name is verified again.
+    engine.add("lab/donor:1", "sha256:other", entrypoint=["/usr/local/bin/spark-vllm-entrypoint.sh"])
+    failed, other = run_module(monkeypatch, vllm_image, args)
+    assert not failed and not other["verification"]["recorded"]
+    assert len(runs) == 2

@@ -1,0 +1,291 @@
+"""Bad inputs to the collection's modules, roles and inventory, on the faults lab: each must be refused with
+a message naming the parameter and the fix, and leave every node's state (containers, images,
+interfaces, files under /etc/dgx-spark, /var/lib/dgx-spark, /etc/netplan) exactly as it was.
+
+    .venv/bin/python tests/bad_inputs/run.py [--keep-lab] [--only NAME]
+
+Prints `case | expected | observed | seconds` per case and `N passed, N failed` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "faults"))
+
+import labkit as lab
+
+ROLE_PLAYBOOK = os.path.join(lab.ROOT, "tests", "bad_inputs", "role.yml")
+FAB = [{"name": "enp1s0f1np1", "address": "198.18.120.11/24"}]
+
+# (case, kind, target, arguments, parameter the message must name, words of the fix it must give)
+# kind: module (ad hoc on the head), role (tests/bad_inputs/role.yml), inventory (deploy-qwen35.yml
+# against a copy of the inventory whose hosts.yml is the given text).
+CASES = [
+    (
+        "roce-address-not-ip",
+        "module",
+        "roce_interface",
+        {"name": "enp1s0f1np1", "address": "198.18.120.300/24"},
+        "address",
+        "CIDR",
+    ),
+    (
+        "roce-address-no-prefix",
+        "module",
+        "roce_interface",
+        {"name": "enp1s0f1np1", "address": "198.18.120.11"},
+        "address",
+        "/24",
+    ),
+    (
+        "roce-mtu-too-big",
+        "module",
+        "roce_interface",
+        {"name": "enp1s0f1np1", "address": "198.18.120.11/24", "mtu": 65000},
+        "mtu",
+        "9216",
+    ),
+    (
+        "roce-interface-missing",
+        "module",
+        "roce_interface",
+        {"name": "enp9s0nope", "address": "198.18.120.11/24"},
+        "name",
+        "fabric_interfaces",
+    ),
+    (
+        "gpu-clocks-min-above-max",
+        "module",
+        "gpu_clocks",
+        {"clocks": "locked", "min_mhz": 3000, "max_mhz": 1000},
+        "min_mhz",
+        "max_mhz",
+    ),
+    ("gpu-clocks-locked-no-range", "module", "gpu_clocks", {"clocks": "locked"}, "min_mhz", "max_mhz"),
+    ("image-two-sources", "module", "vllm_image", {"pull": "a/b:c", "build": {"context": "/srv/ctx"}}, "pull", "build"),
+    ("image-no-source", "module", "vllm_image", {}, "pull", "build"),
+    ("image-bad-reference", "module", "vllm_image", {"pull": "Not A Valid//Ref!"}, "pull", "reference"),
+    (
+        "model-dir-missing",
+        "module",
+        "model_files",
+        {"path": "/var/lib/dgx-spark/models/none", "download": False},
+        "path",
+        "download",
+    ),
+    (
+        "model-download-no-repo",
+        "module",
+        "model_files",
+        {"path": "/var/lib/dgx-spark/models/none", "download": True},
+        "repo_id",
+        "Qwen/",
+    ),
+    (
+        "serve-tp-zero",
+        "module",
+        "vllm_serve",
+        {"state": "checked", "model": lab.MODEL_PATH, "served_model_name": "m", "tensor_parallel_size": 0},
+        "tensor_parallel_size",
+        "1 or more",
+    ),
+    (
+        "serve-port-out-of-range",
+        "module",
+        "vllm_serve",
+        {"state": "checked", "model": lab.MODEL_PATH, "served_model_name": "m", "port": 70000},
+        "port",
+        "65535",
+    ),
+    (
+        "serve-port-not-int",
+        "module",
+        "vllm_serve",
+        {"state": "checked", "model": lab.MODEL_PATH, "served_model_name": "m", "port": "eighty"},
+        "port",
+        "int",
+    ),
+    (
+        "serve-unknown-flag",
+        "module",
+        "vllm_serve",
+        {"state": "checked", "model": lab.MODEL_PATH, "served_model_name": "m", "extra_args": ["--no-such-flag"]},
+        "--no-such-flag",
+        "extra_args",
+    ),
+    (
+        "serve-managed-flag",
+        "module",
+        "vllm_serve",
+        {
+            "state": "checked",
+            "model": lab.MODEL_PATH,
+            "served_model_name": "m",
+            "extra_args": ["--tensor-parallel-size", "4"],
+        },
+        "--tensor-parallel-size",
+        "tensor_parallel_size",
+    ),
+    (
+        "serve-gpu-mem-above-1",
+        "module",
+        "vllm_serve",
+        {"state": "checked", "model": lab.MODEL_PATH, "served_model_name": "m", "gpu_memory_utilization": 1.5},
+        "gpu_memory_utilization",
+        "(0, 1]",
+    ),
+    (
+        "ray-node-ip-not-ip",
+        "module",
+        "ray_node",
+        {"name": "ray-bad", "role": "head", "image": lab.IN_SERVICE, "node_ip": "not-an-ip"},
+        "node_ip",
+        "fabric",
+    ),
+    (
+        "ray-worker-no-head",
+        "module",
+        "ray_node",
+        {"name": "ray-bad", "role": "worker", "image": lab.IN_SERVICE, "node_ip": "198.18.120.11"},
+        "head_address",
+        "head",
+    ),
+    (
+        "ray-port-zero",
+        "module",
+        "ray_node",
+        {"name": "ray-bad", "role": "head", "image": lab.IN_SERVICE, "node_ip": "198.18.120.11", "ray_port": 0},
+        "ray_port",
+        "65535",
+    ),
+    ("role-fabric-mtu", "role", "fabric", {"fabric_interfaces": FAB, "fabric_mtu": 20000}, "fabric_mtu", "9216"),
+    ("role-fabric-no-interfaces", "role", "fabric", {"fabric_interfaces": []}, "fabric_interfaces", "host_vars"),
+    (
+        "role-gpu-clock-range",
+        "role",
+        "gpu",
+        {"gpu_clocks": "locked", "gpu_clocks_min_mhz": 3000, "gpu_clocks_max_mhz": 1000},
+        "gpu_clocks_min_mhz",
+        "gpu_clocks_max_mhz",
+    ),
+    (
+        "role-image-no-source",
+        "role",
+        "runtime_image",
+        {"runtime_image_pull": ""},
+        "runtime_image_pull",
+        "runtime_image_build",
+    ),
+    ("role-model-path-empty", "role", "model", {"model_path": ""}, "model_path", "model_path"),
+    (
+        "role-serve-parallel-mismatch",
+        "role",
+        "vllm_server",
+        {"vllm_server_tensor_parallel_size": 3},
+        "tensor_parallel_size",
+        "group_vars",
+    ),
+    ("role-serve-port-type", "role", "vllm_server", {"vllm_server_port": "eighty"}, "vllm_server_port", "int"),
+    (
+        "role-serve-unknown-flag",
+        "role",
+        "vllm_server",
+        {"vllm_server_extra_args": ["--frobnicate"]},
+        "--frobnicate",
+        "extra_args",
+    ),
+    (
+        "role-ray-gpus-type",
+        "role",
+        "ray_cluster",
+        {"ray_cluster_gpus": "one", "fabric_ip": "198.18.120.11"},
+        "ray_cluster_gpus",
+        "int",
+    ),
+    (
+        "inventory-no-head-group",
+        "inventory",
+        "deploy",
+        "spark:\n  children:\n    spark_workers:\n      hosts:\n        fault-1:\n        fault-2:\n",
+        "spark_head",
+        "inventory",
+    ),
+    (
+        "inventory-two-heads",
+        "inventory",
+        "deploy",
+        "spark:\n  children:\n    spark_head:\n      hosts:\n        fault-1:\n        fault-2:\n",
+        "spark_head",
+        "exactly one",
+    ),
+]
+
+
+def run_case(kind, target, args):
+    if kind == "module":
+        argv = [
+            lab.ANSIBLE,
+            "-i",
+            lab.INVENTORY,
+            lab.HEAD,
+            "-o",
+            "-m",
+            "dgx_spark.vllm." + target,
+            "-a",
+            json.dumps(args),
+        ]
+        return lab.run(argv, 120)
+    if kind == "role":
+        extra = dict(args, bad_inputs_role=target)
+        return lab.playbook(ROLE_PLAYBOOK, "-e", json.dumps(extra), timeout=180)
+    with tempfile.TemporaryDirectory() as tmp:
+        inv = os.path.join(tmp, "inventory")
+        # The faults inventory with another hosts.yml: group_vars and host_vars are links to the real ones.
+        os.makedirs(inv)
+        for name in ("group_vars", "host_vars"):
+            os.symlink(os.path.join(lab.INVENTORY, name), os.path.join(inv, name))
+        with open(os.path.join(inv, "hosts.yml"), "w", encoding="utf-8") as fh:
+            fh.write("---\n" + args)
+        return lab.playbook(lab.DEPLOY, timeout=180, inventory=inv, extra_env={"FAULTS_INVENTORY": lab.INVENTORY})
+
+
+def message(res):
+    """The failure message: the msg of the last fatal/FAILED line (module output is one JSON line)."""
+    for line in reversed(res.lines):
+        if "FAILED!" in line or line.startswith("fatal:"):
+            body = line.split("=>", 1)[-1].strip()
+            try:
+                return json.loads(body).get("msg", body)
+            except ValueError:
+                return body
+    return ""
+
+
+def body(suite, args, _made):
+    for name, kind, target, arguments, parameter, fix in CASES:
+        if args.only and not any(o in name for o in args.only):
+            continue
+
+        def one(kind=kind, target=target, arguments=arguments, parameter=parameter, fix=fix):
+            before = lab.snapshots()
+            res = run_case(kind, target, arguments)
+            after = lab.snapshots()
+            msg = " ".join(message(res).split())
+            changed = lab.diff(before, after)
+            ok = res.rc != 0 and parameter in msg and fix in msg and not changed
+            observed = "exit %s; %s; state %s" % (
+                res.rc,
+                msg[:300] or "no failure message",
+                "unchanged" if not changed else "CHANGED: %s" % ", ".join(changed[:5]),
+            )
+            return ok, observed
+
+        suite.case(name, "refused naming %s and %r; state unchanged" % (parameter, fix), one)
+
+
+if __name__ == "__main__":
+    sys.exit(lab.main_wrapper("bad_inputs", body))

@@ -1,0 +1,335 @@
+"""The faults lab (tests/faults/inventory): bring it up and down, run playbooks with a time bound, read
+the nodes' state, and report cases as `case | expected | observed | seconds`.
+
+Shared by tests/faults/run.py and tests/bad_inputs/run.py. Everything here drives the real Docker
+engine, real SSH and the real playbooks; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+INVENTORY = os.path.join(ROOT, "tests", "faults", "inventory")
+BIN = os.path.dirname(sys.executable)
+ANSIBLE_PLAYBOOK = os.path.join(BIN, "ansible-playbook")
+ANSIBLE = os.path.join(BIN, "ansible")
+DEPLOY = os.path.join(ROOT, "deploy-qwen35.yml")
+RECONVERGE = os.path.join(ROOT, "roles", "reconverge", "files", "dgx_spark_reconverge.py")
+LAB_NAME = "dgx-spark-faults"
+HEAD, WORKER = "fault-1", "fault-2"
+NODES = (HEAD, WORKER)
+MGMT = {HEAD: "198.18.20.11", WORKER: "198.18.20.12"}
+FABRIC = {HEAD: "198.18.120.11", WORKER: "198.18.120.12"}
+MODEL_PATH = "/var/lib/dgx-spark/models/lab-qwen3.5-moe-tiny"
+MODEL_NAME = "lab-qwen3.5-moe-tiny"
+IN_SERVICE = "dgx-spark/vllm-runtime:in-service"
+API_PORT = 8000
+# The collection's paths on a node: what a bad input must leave alone.
+STATE_PATHS = ("/etc/dgx-spark", "/var/lib/dgx-spark", "/etc/netplan")
+
+ENV = dict(
+    os.environ,
+    ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+    ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build", "collections"),
+    ANSIBLE_NOCOLOR="1",
+    ANSIBLE_FORCE_COLOR="0",
+    PYTHONUNBUFFERED="1",
+)
+
+
+class Result:
+    def __init__(self, rc, out, seconds, timed_out, killed_at=None):
+        self.rc, self.out, self.seconds, self.timed_out, self.killed_at = rc, out, seconds, timed_out, killed_at
+
+    @property
+    def lines(self):
+        return self.out.splitlines()
+
+
+def run(argv, timeout, on_line=None, env=None):
+    """Run argv in its own process group, at most `timeout` seconds; `on_line(line, proc)` sees each output line
+    and may return a string to kill the whole group at that point (the string is recorded as killed_at)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env or ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    out, buf, killed_at, timed_out = [], b"", None, False
+    fd = proc.stdout.fileno()
+    while True:
+        left = timeout - (time.monotonic() - started)
+        if left <= 0:
+            timed_out = True
+            break
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        *complete, buf = buf.split(b"\n")
+        for raw in complete:
+            line = raw.decode("utf-8", "replace")
+            out.append(line)
+            if on_line and killed_at is None:
+                why = on_line(line, proc)
+                if why:
+                    killed_at = why
+                    kill_group(proc)
+    if buf:
+        out.append(buf.decode("utf-8", "replace"))
+    if timed_out or killed_at:
+        kill_group(proc)
+    rc = proc.wait()
+    return Result(rc, "\n".join(out), round(time.monotonic() - started, 1), timed_out, killed_at)
+
+
+def kill_group(proc):
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def playbook(path, *args, timeout=600, on_line=None, inventory=INVENTORY, extra_env=None):
+    return run([ANSIBLE_PLAYBOOK, "-i", inventory, path, *args], timeout, on_line, dict(ENV, **(extra_env or {})))
+
+
+def deploy(*args, timeout=600, on_line=None):
+    return playbook(DEPLOY, *args, timeout=timeout, on_line=on_line)
+
+
+def reconverge(state_dir, timeout=300):
+    """The reconverge runner in enforce mode (exit 0 in sync, 11 repaired, 20 failed)."""
+    return run(
+        [
+            sys.executable,
+            RECONVERGE,
+            "--mode=enforce",
+            "--inventory=" + INVENTORY,
+            "--playbook=" + DEPLOY,
+            "--state-dir=" + state_dir,
+            "--ansible-playbook=" + ANSIBLE_PLAYBOOK,
+        ],
+        timeout,
+    )
+
+
+def sh(*argv, check=True, timeout=60, stdin=None):
+    """A command on the controller (the outer Docker engine, the lab's node containers through it)."""
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin, check=False)
+    if check and proc.returncode != 0:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(argv), proc.returncode, (proc.stderr or proc.stdout).strip()))
+    return proc.stdout
+
+
+def node(host, *argv, check=True, timeout=60, stdin=None):
+    return sh("docker", "exec", "-i", host, *argv, check=check, timeout=timeout, stdin=stdin)
+
+
+# --- the lab ---------------------------------------------------------------------------------
+def lab_running():
+    out = sh("docker", "ps", "--filter", "label=dgx_spark.lab", "--format", "{{.Names}}", check=False)
+    return set(NODES) <= set(out.split())
+
+
+def lab_up():
+    res = playbook(os.path.join(ROOT, "playbooks", "lab.yml"), timeout=600)
+    if res.rc != 0:
+        raise RuntimeError("the faults lab did not come up (exit %d):\n%s" % (res.rc, tail(res.out)))
+    return res.seconds
+
+
+def lab_down():
+    res = playbook(os.path.join(ROOT, "playbooks", "lab.yml"), "-e", "lab_state=absent", timeout=300)
+    if res.rc != 0:
+        raise RuntimeError("the faults lab did not go down (exit %d):\n%s" % (res.rc, tail(res.out)))
+    return res.seconds
+
+
+def tail(text, lines=40):
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# --- state of a node -------------------------------------------------------------------------
+# Runs inside a node (python3 there): its nested engine's containers and images, its interfaces,
+# every file under the collection's paths (mode and hash), and the serve state in the Ray head.
+SNAPSHOT = r"""
+import hashlib, json, os, subprocess, sys
+paths = sys.argv[1:]
+def out(*a):
+    p = subprocess.run(a, capture_output=True, text=True)
+    return p.stdout if p.returncode == 0 else None
+snap = {"containers": {}, "images": {}, "interfaces": {}, "files": {}, "serve": None}
+ids = (out("docker", "ps", "-aq") or "").split()
+if ids:
+    for c in json.loads(out("docker", "inspect", *ids) or "[]"):
+        snap["containers"][c["Name"].lstrip("/")] = {
+            "id": c["Id"][:12], "image": c["Image"][7:19], "status": c["State"]["Status"],
+            "started": c["State"]["StartedAt"], "restarts": c["RestartCount"],
+            "privileged": c["HostConfig"]["Privileged"], "network": c["HostConfig"]["NetworkMode"]}
+engine = out("docker", "images", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}")
+snap["engine"] = engine is not None
+for line in (engine or "").splitlines():
+    ref, iid = line.split()
+    snap["images"][ref] = iid
+for link in json.loads(out("ip", "-j", "addr") or "[]"):
+    if link["ifname"] == "lo" or link["ifname"].startswith(("veth", "docker")):
+        continue
+    snap["interfaces"][link["ifname"]] = {
+        "mtu": link["mtu"], "up": "UP" in link.get("flags", []),
+        "addr": sorted("%s/%s" % (a["local"], a["prefixlen"]) for a in link.get("addr_info", [])
+                       if a.get("family") == "inet")}
+for top in paths:
+    for base, dirs, files in os.walk(top):
+        dirs.sort()
+        for name in sorted(files) + [""]:
+            path = os.path.join(base, name) if name else base
+            st = os.lstat(path)
+            entry = {"mode": oct(st.st_mode & 0o7777)}
+            if name and os.path.isfile(path) and not os.path.islink(path):
+                h = hashlib.sha256()
+                with open(path, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        h.update(block)
+                entry["sha256"] = h.hexdigest()
+            snap["files"][path] = entry
+if snap["containers"].get("ray-head", {}).get("status") == "running":
+    state = out("docker", "exec", "ray-head", "cat", "/tmp/dgx-spark-vllm-serve.json")
+    snap["serve"] = json.loads(state) if state else None
+print(json.dumps(snap, sort_keys=True))
+"""
+
+
+def snapshot(host):
+    return json.loads(node(host, "python3", "-", *STATE_PATHS, stdin=SNAPSHOT))
+
+
+def snapshots():
+    return {h: snapshot(h) for h in NODES}
+
+
+def diff(before, after, prefix=""):
+    """Paths of what differs between two snapshots (for a one-line observation)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        found = []
+        for key in sorted(set(before) | set(after)):
+            found += diff(before.get(key), after.get(key), "%s/%s" % (prefix, key) if prefix else str(key))
+        return found
+    return [] if before == after else [prefix]
+
+
+def model_hashes(snap):
+    return {p: f.get("sha256") for p, f in snap["files"].items() if p.startswith(MODEL_PATH + "/")}
+
+
+def intact(before, after):
+    """Model files (hash per file) and the in-service image ID unchanged on every node; '' when intact."""
+    problems = []
+    for h in NODES:
+        if model_hashes(before[h]) != model_hashes(after[h]) or not model_hashes(after[h]):
+            problems.append("%s model files changed" % h)
+        if before[h]["images"].get(IN_SERVICE) != after[h]["images"].get(IN_SERVICE):
+            problems.append("%s in-service image changed" % h)
+    return "; ".join(problems)
+
+
+# A real completion through the endpoint, sent from the worker node to the head's fabric address.
+COMPLETION = r"""
+import json, sys, urllib.request
+url, model = sys.argv[1:3]
+req = urllib.request.Request(url, data=json.dumps({"model": model, "prompt": "The capital of France is",
+                             "max_tokens": 8, "temperature": 0}).encode(), headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        print(json.dumps({"ok": True, "text": json.loads(resp.read())["choices"][0]["text"]}))
+except Exception as exc:
+    print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}))
+"""
+
+
+def completion(client=WORKER, host=FABRIC[HEAD]):
+    """(ok, text or error) for one completion through http://host:8000/v1/completions."""
+    url = "http://%s:%d/v1/completions" % (host, API_PORT)
+    try:
+        res = json.loads(node(client, "python3", "-", url, MODEL_NAME, stdin=COMPLETION, timeout=60).strip())
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)[:120]
+    return res["ok"], res.get("text") or res.get("error", "")
+
+
+def first_failure(res):
+    """(play, host, line) of the failure that stopped an ansible-playbook run: the last `fatal:` line (a
+    failure a block rescues prints one too, before the rescue's own; any_errors_fatal stops at the first
+    one not rescued)."""
+    play, found = None, (None, None, "")
+    for line in res.lines:
+        if line.startswith("PLAY [") and not line.startswith("PLAY RECAP"):
+            play = line[6 : line.index("]")]
+        if line.startswith("fatal: [") and "...ignoring" not in line:
+            found = (play, line[8 : line.index("]")], line)
+    return found
+
+
+# --- reporting ----------------------------------------------------------------------------------
+class Suite:
+    def __init__(self, name):
+        self.name, self.passed, self.failed = name, 0, 0
+
+    def case(self, name, expected, fn):
+        """fn() returns (ok, observed). Any exception is a failed case with its message as observed."""
+        started = time.monotonic()
+        try:
+            ok, observed = fn()
+        except Exception as exc:
+            ok, observed = False, "error: %s" % str(exc).replace("\n", " ")[:300]
+        seconds = time.monotonic() - started
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        observed = " ".join(str(observed).split())
+        print("%s | %s | %s%s | %.1f" % (name, expected, "" if ok else "FAILED: ", observed, seconds), flush=True)
+        return ok
+
+    def finish(self):
+        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
+        return 1 if self.failed else 0
+
+
+def main_wrapper(suite_name, body, argv=None):
+    """Create the lab when absent, run `body(suite, args)`, take the lab down unless --keep-lab."""
+
+    parser = argparse.ArgumentParser(description="%s on the faults lab (tests/faults/inventory)" % suite_name)
+    parser.add_argument("--keep-lab", action="store_true", help="leave the faults lab up at the end")
+    parser.add_argument("--only", action="append", default=[], help="run only cases whose name contains this")
+    args = parser.parse_args(argv)
+    suite = Suite(suite_name)
+    started = time.monotonic()
+    made = False
+    try:
+        if not lab_running():
+            print("# %s: creating the faults lab (%s)" % (suite_name, LAB_NAME), flush=True)
+            print("# lab up in %.0fs" % lab_up(), flush=True)
+            made = True
+        body(suite, args, made)
+    finally:
+        if not args.keep_lab:
+            print("# lab down in %.0fs" % lab_down(), flush=True)
+        print("# %s: %.0fs in all" % (suite_name, time.monotonic() - started), flush=True)
+    return suite.finish()

@@ -1,0 +1,427 @@
+"""Fault cases on the faults lab: each one either makes the deploy fail within its bound, naming the node
+and the stage, or is repaired by the next re-convergence (a real completion through the endpoint
+afterwards); model files and the in-service image are checked by hash and image ID before and after.
+
+    .venv/bin/python tests/faults/run.py [--keep-lab] [--only NAME]
+
+Prints `case | expected | observed | seconds` per case and `N passed, N failed` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import labkit as lab
+
+REPORTS = os.path.join(lab.ROOT, ".lab-faults", "reconverge")
+# Bounds, in seconds: a deploy that must fail, and a repair by one re-convergence.
+FAIL_BOUND = 150
+REPAIR_BOUND = 240
+
+
+def after_line(marker, delay, label):
+    """An on_line hook: kill the run `delay` seconds after a line containing `marker` (checked per line)."""
+    seen = {}
+
+    def hook(line, _proc):
+        if marker in line and "at" not in seen:
+            seen["at"] = time.monotonic()
+        if "at" in seen and time.monotonic() - seen["at"] >= delay:
+            return label
+        return None
+
+    return hook
+
+
+def serving():
+    ok, text = lab.completion()
+    return ok, text
+
+
+def repaired_by_reconverge(inject, check_broken=None, via="reconverge"):
+    """Inject a fault while serving, then one re-convergence must restore a serving endpoint with
+    model files and the in-service image intact."""
+    before = lab.snapshots()
+    ok, text = serving()
+    if not ok:
+        return False, "not serving before the fault: %s" % text
+    what = inject(before)
+    broken = check_broken() if check_broken else ""
+    if via == "reconverge":
+        res = lab.reconverge(REPORTS, timeout=REPAIR_BOUND)
+        ran = "reconverge exit %s in %ss" % (res.rc, res.seconds)
+        good_rc = res.rc in (0, 11)
+    else:
+        res = lab.deploy(timeout=REPAIR_BOUND)
+        ran = "deploy exit %s in %ss" % (res.rc, res.seconds)
+        good_rc = res.rc == 0
+    if res.timed_out:
+        return False, "%s; %s: timed out at the %ss bound" % (what, ran, REPAIR_BOUND)
+    ok, text = serving()
+    after = lab.snapshots()
+    damage = lab.intact(before, after)
+    observed = "%s%s; %s; completion %s; %s" % (
+        what,
+        "; " + broken if broken else "",
+        ran,
+        "ok" if ok else "FAILED (%s)" % text,
+        damage or "model+image intact",
+    )
+    if not good_rc:
+        play, host, line = lab.first_failure(res)
+        observed += "; first failure: %s in %s: %s" % (host, play, line[:200])
+    return good_rc and ok and not damage, observed
+
+
+def fails_naming(res, host, stage, bound, before):
+    play, failed_host, line = lab.first_failure(res)
+    after = lab.snapshots()
+    damage = lab.intact(before, after)
+    observed = "exit %s in %ss; first failure: %s in %s (%s)" % (
+        res.rc,
+        res.seconds,
+        failed_host,
+        play,
+        line[len("fatal: [%s]: " % failed_host) :][:160],
+    )
+    ok = res.rc != 0 and not res.timed_out and res.seconds <= bound and failed_host == host and play == stage
+    return ok and not damage, observed + "; " + (damage or "model+image intact")
+
+
+# --- cases -------------------------------------------------------------------------------------
+def case_interrupted(suite, fresh):
+    """The playbook killed mid-run at three points in a row; the next run converges."""
+    points = [
+        ("runtime_image", "Runtime image", "Image | Obtain, verify, promote on the build host", 6 if fresh else 1),
+        ("ray_cluster", "Ray cluster", "TASK [dgx_spark.vllm.ray_cluster : Start the Ray workers]", 1),
+        ("vllm_server", "The vLLM server", "TASK [dgx_spark.vllm.vllm_server : Serve the model and verify", 1),
+    ]
+    if not fresh:
+        # A lab that serves already: take serving and Ray down first so the killed stages have work to do.
+        res = lab.playbook(os.path.join(lab.ROOT, "playbooks", "teardown.yml"), timeout=120)
+        print("# teardown before the interrupted deploy: exit %s in %ss" % (res.rc, res.seconds), flush=True)
+    head_model = lab.model_hashes(lab.snapshot(lab.HEAD))
+    previous = None
+    for stage, play, marker, delay in points:
+
+        def one(stage=stage, play=play, marker=marker, delay=delay, previous=previous):
+            res = lab.deploy(timeout=300, on_line=after_line(marker, delay, stage))
+            plays = [ln for ln in res.lines if ln.startswith("PLAY [")]
+            failure = lab.first_failure(res)
+            # A killed run leaves no failure behind it: every earlier stage of it passed.
+            got_there = res.killed_at == stage and failure[1] is None and plays and play in plays[-1]
+            observed = "killed in %s after %ss (%d plays started, no failure before the kill)" % (
+                res.killed_at,
+                res.seconds,
+                len(plays),
+            )
+            if not got_there:
+                observed = "not killed where planned (killed_at=%s, exit %s, first failure %s in %s)" % (
+                    res.killed_at,
+                    res.rc,
+                    failure[1],
+                    failure[0],
+                )
+            if previous:
+                observed += "; passed the stage the previous run was killed in (%s)" % previous
+            return got_there, observed
+
+        suite.case("interrupted-deploy@" + stage, "killed mid-stage; the next run gets past it", one)
+        previous = stage
+
+    def converge():
+        res = lab.deploy(timeout=300)
+        ok, text = serving()
+        snap = lab.snapshots()
+        images = {h: snap[h]["images"].get(lab.IN_SERVICE) for h in lab.NODES}
+        models = {h: lab.model_hashes(snap[h]) for h in lab.NODES}
+        same = len(set(images.values())) == 1 and None not in images.values()
+        model_ok = all(m == head_model for m in models.values()) and bool(head_model)
+        observed = "deploy exit %s in %ss; completion %s; in-service image %s on both nodes; model %s" % (
+            res.rc,
+            res.seconds,
+            "ok: %r" % text[:40] if ok else "FAILED (%s)" % text,
+            "the same" if same else "DIFFERS %s" % images,
+            "equal to the head's generated files" if model_ok else "DIFFERS",
+        )
+        return res.rc == 0 and ok and same and model_ok, observed
+
+    suite.case("interrupted-deploy/next-run", "converges and serves", converge)
+
+
+def case_worker_unreachable(suite):
+    def body():
+        before = lab.snapshots()
+        net = lab.LAB_NAME + "-mgmt"
+
+        def cut(line, _proc):
+            # The model stage's last node task is done: cut the worker off before the Ray stage.
+            if "TASK [dgx_spark.vllm.model : Check every node holds the head's files]" in line:
+                lab.sh("docker", "network", "disconnect", net, lab.WORKER)
+
+        try:
+            res = lab.deploy(timeout=FAIL_BOUND + 30, on_line=cut)
+        finally:
+            lab.sh("docker", "network", "connect", "--ip", lab.MGMT[lab.WORKER], net, lab.WORKER, check=False)
+        return fails_naming(res, lab.WORKER, "Ray cluster", FAIL_BOUND, before)
+
+    suite.case(
+        "worker-unreachable-before-ray",
+        "deploy fails <%ss naming %s in Ray cluster" % (FAIL_BOUND, lab.WORKER),
+        body,
+    )
+
+    def repair():
+        return repaired_by_reconverge(lambda _b: "worker reachable again", via="deploy")
+
+    suite.case("worker-unreachable-before-ray/next-run", "next deploy serves; data intact", repair)
+
+
+def case_ray_killed(suite, case, host, container):
+    def inject(_before):
+        lab.node(host, "docker", "kill", container)
+        ok, _text = serving()
+        return "killed %s %s; completion right after: %s" % (host, container, "ok" if ok else "failed")
+
+    suite.case(
+        case, "reconverge restores serving <%ss; data intact" % REPAIR_BOUND, lambda: repaired_by_reconverge(inject)
+    )
+
+
+def case_vllm_killed(suite):
+    def inject(before):
+        pid = (before[lab.HEAD]["serve"] or {}).get("pid")
+        if not pid:
+            raise RuntimeError("no vllm serve pid in the head's state file")
+        lab.node(lab.HEAD, "docker", "exec", "ray-head", "python3", "-c", "import os; os.kill(%d, 9)" % pid)
+        time.sleep(1)
+        ok, _text = serving()
+        return "SIGKILL vllm serve pid %s; completion right after: %s" % (pid, "ok" if ok else "failed")
+
+    suite.case(
+        "vllm-process-killed",
+        "reconverge restores serving <%ss; data intact" % REPAIR_BOUND,
+        lambda: repaired_by_reconverge(inject),
+    )
+
+
+def case_node_restarted(suite):
+    def inject(_before):
+        lab.sh("docker", "restart", "--time", "5", lab.HEAD)
+        # sshd answers again before re-convergence starts (the node's own start-up, not the fault).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if lab.sh("docker", "exec", lab.HEAD, "docker", "info", "-f", "{{.ID}}", check=False).strip():
+                break
+            time.sleep(1)
+        mtu = lab.snapshot(lab.HEAD)["interfaces"].get("enp1s0f1np1", {})
+        return "restarted node %s (fabric after restart: mtu %s, %s)" % (lab.HEAD, mtu.get("mtu"), mtu.get("addr"))
+
+    suite.case(
+        "node-restarted-while-serving",
+        "reconverge restores serving <%ss; data intact" % REPAIR_BOUND,
+        lambda: repaired_by_reconverge(inject),
+    )
+
+
+def case_mtu(suite):
+    iface = "enp1s0f1np1"
+
+    def inject(_before):
+        lab.node(lab.WORKER, "ip", "link", "set", iface, "mtu", "1500")
+        return "%s %s mtu %s" % (lab.WORKER, iface, lab.snapshot(lab.WORKER)["interfaces"][iface]["mtu"])
+
+    def body():
+        ok, observed = repaired_by_reconverge(inject)
+        mtu = lab.snapshot(lab.WORKER)["interfaces"][iface]["mtu"]
+        return ok and mtu == 9000, observed + "; mtu after: %s" % mtu
+
+    suite.case("fabric-mtu-1500", "reconverge sets 9000 again and serves <%ss" % REPAIR_BOUND, body)
+
+
+def case_engine_stopped(suite):
+    sock, aside = "/var/run/docker.sock", "/var/run/docker.sock.faults-stopped"
+
+    def body():
+        before = lab.snapshots()
+        # The lab's nested dockerd is the node container's main process (stopping it restarts the node,
+        # the case above), so the engine is taken away from its clients the way a stopped engine is:
+        # its socket is gone and every client gets "Cannot connect to the Docker daemon".
+        lab.node(lab.WORKER, "mv", sock, aside)
+        try:
+            refused = lab.node(lab.WORKER, "docker", "version", "-f", "{{.Server.Version}}", check=False).strip() == ""
+            res = lab.deploy(timeout=FAIL_BOUND + 30)
+        finally:
+            lab.node(lab.WORKER, "mv", aside, sock, check=False)
+        ok, observed = fails_naming(res, lab.WORKER, "Preflight", 60, before)
+        named = "does not answer" in lab.first_failure(res)[2]
+        return ok and refused and named, observed + ("" if refused else "; the engine still answered")
+
+    suite.case("worker-docker-engine-stopped", "deploy fails <60s naming %s in Preflight" % lab.WORKER, body)
+
+    def still():
+        ok, text = serving()
+        return ok, "engine back; completion %s" % ("ok" if ok else "FAILED (%s)" % text)
+
+    suite.case("worker-docker-engine-stopped/after", "serving untouched", still)
+
+
+HF_TOKEN = "hf_faultsSuiteToken7Qx2"  # noqa: S105 - a made-up value the output is grepped for
+API_KEY = "sk-faults-suite-key-9Zr4"
+
+
+def case_secrets(suite):
+    secrets = {"model_hf_token": HF_TOKEN, "vllm_server_api_key": API_KEY}
+
+    def leaks(res):
+        return [s for s in (HF_TOKEN, API_KEY) if s in res.out]
+
+    def files_holding():
+        found = []
+        for h in lab.NODES:
+            out = lab.node(
+                h, "sh", "-c", "grep -rlsF -e %s -e %s /etc /var/lib/dgx-spark /root || true" % (HF_TOKEN, API_KEY)
+            )
+            for path in out.split():
+                mode = lab.node(h, "stat", "-c", "%a", path).strip()
+                found.append("%s:%s mode %s" % (h, path, mode))
+        return found
+
+    def ok_run():
+        res = lab.deploy("-vvv", "-e", json.dumps(secrets), timeout=300)
+        files = files_holding()
+        bad_files = [f for f in files if not f.endswith("mode 600")]
+        leaked = leaks(res)
+        observed = "deploy -vvv exit %s in %ss, %d lines; secrets printed: %s; files holding them: %s" % (
+            res.rc,
+            res.seconds,
+            len(res.lines),
+            leaked or "none",
+            files or "none",
+        )
+        return res.rc == 0 and not leaked and not bad_files, observed
+
+    suite.case("secrets/deploy-vvv", "rc 0, neither secret printed, files 0600", ok_run)
+
+    def failing_run():
+        bad = dict(secrets, vllm_server_extra_args=["--no-such-flag"])
+        res = lab.deploy("-vvv", "-e", json.dumps(bad), timeout=300)
+        leaked = leaks(res)
+        play, host, _line = lab.first_failure(res)
+        observed = "deploy -vvv exit %s in %ss (failed: %s in %s); secrets printed: %s" % (
+            res.rc,
+            res.seconds,
+            host,
+            play,
+            leaked or "none",
+        )
+        return res.rc != 0 and host == lab.HEAD and not leaked, observed
+
+    suite.case("secrets/failing-deploy-vvv", "fails in The vLLM server, neither secret printed", failing_run)
+
+    def restore():
+        res = lab.deploy(timeout=300)
+        ok, text = serving()
+        return res.rc == 0 and ok, "deploy without the key exit %s in %ss; completion %s" % (
+            res.rc,
+            res.seconds,
+            "ok" if ok else text,
+        )
+
+    suite.case("secrets/restore", "serving again without the key", restore)
+
+
+LISTENERS = r"""
+import json, subprocess
+out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+rows = []
+for line in out.splitlines():
+    f = line.split()
+    addr, port = f[3].rsplit(":", 1)
+    proc = f[5].split('"')[1] if len(f) > 5 and '"' in f[5] else ""
+    rows.append([addr, int(port), proc])
+print(json.dumps(rows))
+"""
+
+
+WILDCARD = ("0.0.0.0", "*", "[::]")  # noqa: S104 - addresses looked for, not bound
+
+
+def case_security(suite):
+    def body():
+        problems, notes = [], []
+        for h in lab.NODES:
+            snap = lab.snapshot(h)
+            for name, c in snap["containers"].items():
+                if c["privileged"]:
+                    problems.append("%s %s privileged" % (h, name))
+            rows = json.loads(lab.node(h, "python3", "-", stdin=LISTENERS))
+            for addr, port, proc in rows:
+                if port == lab.API_PORT and addr != lab.FABRIC[h]:
+                    problems.append("%s API on %s:%s" % (h, addr, port))
+                if "dashboard" in proc or port in (8265, 52365):
+                    problems.append("%s dashboard listening (%s %s:%s)" % (h, proc, addr, port))
+                # Ray 2.60's core gRPC servers (GCS, raylet, each worker's and the driver's) listen on every
+                # interface and have no option to narrow it (ray-project/ray#59852 later binds them to the node
+                # IP); anything else on a wildcard address is a finding.
+                ray_core = proc in ("gcs_server", "raylet", "vllm") or proc.startswith("ray::")
+                if addr in WILDCARD and port != 22 and not ray_core:
+                    problems.append("%s %s on %s:%s" % (h, proc, addr, port))
+            wild = sorted({p for a, _port, p in rows if a in WILDCARD and p not in ("sshd", "")})
+            notes.append("%s wildcard: %s" % (h, ",".join(wild) or "none"))
+            api = [a for a, port, _p in rows if port == lab.API_PORT]
+            if h == lab.HEAD and api != [lab.FABRIC[h]]:
+                problems.append("%s API listeners %s" % (h, api))
+        nodes = lab.node(
+            lab.HEAD,
+            "docker",
+            "exec",
+            "ray-head",
+            "python3",
+            "-c",
+            "import ray, json; ray.init(address='auto', logging_level='ERROR');"
+            "print(json.dumps(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))",
+        )
+        ray_ips = json.loads(nodes.strip().splitlines()[-1])
+        if ray_ips != sorted(lab.FABRIC.values()):
+            problems.append("Ray node addresses %s" % ray_ips)
+        observed = "API on %s:%s only; Ray nodes %s; no privileged container, no dashboard; %s" % (
+            lab.FABRIC[lab.HEAD],
+            lab.API_PORT,
+            ray_ips,
+            "; ".join(notes),
+        )
+        return not problems, ("PROBLEMS: %s; " % "; ".join(problems) if problems else "") + observed
+
+    suite.case("security-defaults", "API and Ray on the fabric address, no --privileged, no dashboard", body)
+
+
+def body(suite, args, fresh):
+    cases = [
+        ("interrupted", lambda: case_interrupted(suite, fresh)),
+        ("unreachable", lambda: case_worker_unreachable(suite)),
+        ("worker-ray", lambda: case_ray_killed(suite, "worker-ray-container-killed", lab.WORKER, "ray-worker")),
+        ("head-ray", lambda: case_ray_killed(suite, "head-ray-container-killed", lab.HEAD, "ray-head")),
+        ("vllm", lambda: case_vllm_killed(suite)),
+        ("node-restart", lambda: case_node_restarted(suite)),
+        ("mtu", lambda: case_mtu(suite)),
+        ("engine", lambda: case_engine_stopped(suite)),
+        ("security", lambda: case_security(suite)),
+        ("secrets", lambda: case_secrets(suite)),
+    ]
+    os.makedirs(REPORTS, exist_ok=True)
+    if args.only and "interrupted" not in args.only and not serving()[0]:
+        res = lab.deploy(timeout=400)
+        print("# initial deploy: exit %s in %ss" % (res.rc, res.seconds), flush=True)
+    for name, run_case in cases:
+        if not args.only or any(o in name for o in args.only):
+            run_case()
+
+
+if __name__ == "__main__":
+    sys.exit(lab.main_wrapper("faults", body))
