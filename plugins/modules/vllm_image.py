@@ -130,7 +130,7 @@ options:
     description:
       - A JSON file on this node that remembers passed verifications, keyed by a hash of the image ID,
         the model config, the architectures, the Python and the verification script. An image ID is its
-        content, so the same key passes again: it is not re-run (C(verification.recorded) is then true).
+        content, so the same key passes again and is not re-run (C(verification.recorded) is then true).
         A failed verification is never recorded. Unset (the default), every run verifies.
     type: path
   peers:

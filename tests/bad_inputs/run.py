@@ -9,6 +9,7 @@ Prints `case | expected | observed | seconds` per case and `N passed, N failed` 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -265,26 +266,31 @@ def message(res):
     return ""
 
 
+def check_case(kind, target, arguments, parameter, fix):
+    """Run one bad input; it must be refused naming the parameter and the fix, and change nothing."""
+    before = lab.snapshots()
+    res = run_case(kind, target, arguments)
+    after = lab.snapshots()
+    msg = " ".join(message(res).split())
+    changed = lab.diff(before, after)
+    ok = res.rc != 0 and parameter in msg and fix in msg and not changed
+    observed = "exit %s; %s; state %s" % (
+        res.rc,
+        msg[:300] or "no failure message",
+        "unchanged" if not changed else "CHANGED: %s" % ", ".join(changed[:5]),
+    )
+    return ok, observed
+
+
 def body(suite, args, _made):
     for name, kind, target, arguments, parameter, fix in CASES:
         if args.only and not any(o in name for o in args.only):
             continue
-
-        def one(kind=kind, target=target, arguments=arguments, parameter=parameter, fix=fix):
-            before = lab.snapshots()
-            res = run_case(kind, target, arguments)
-            after = lab.snapshots()
-            msg = " ".join(message(res).split())
-            changed = lab.diff(before, after)
-            ok = res.rc != 0 and parameter in msg and fix in msg and not changed
-            observed = "exit %s; %s; state %s" % (
-                res.rc,
-                msg[:300] or "no failure message",
-                "unchanged" if not changed else "CHANGED: %s" % ", ".join(changed[:5]),
-            )
-            return ok, observed
-
-        suite.case(name, "refused naming %s and %r; state unchanged" % (parameter, fix), one)
+        suite.case(
+            name,
+            "refused naming %s and %r; state unchanged" % (parameter, fix),
+            functools.partial(check_case, kind, target, arguments, parameter, fix),
+        )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def run(argv, timeout, on_line=None, env=None):
         if left <= 0:
             timed_out = True
             break
-        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        ready = select.select([fd], [], [], min(left, 1.0))[0]
         if not ready:
             if proc.poll() is not None:
                 break

@@ -34,12 +34,12 @@ def test_complete_tree_and_manifest(monkeypatch, tree):
 def test_digest_equal_for_copies_and_different_after_an_edit(monkeypatch, tree, tmp_path):
     copy = str(tmp_path / "copy")
     shutil.copytree(tree, copy)
-    _, one = run_module(monkeypatch, model_files, dict(path=tree))
-    _, two = run_module(monkeypatch, model_files, dict(path=copy))
+    one = run_module(monkeypatch, model_files, dict(path=tree))[1]
+    two = run_module(monkeypatch, model_files, dict(path=copy))[1]
     assert one["manifest_digest"] == two["manifest_digest"]
     with open(os.path.join(copy, "tokenizer_config.json"), "a", encoding="utf-8") as handle:
         handle.write(" ")
-    _, three = run_module(monkeypatch, model_files, dict(path=copy))
+    three = run_module(monkeypatch, model_files, dict(path=copy))[1]
     assert three["manifest_digest"] != one["manifest_digest"]
 
 

@@ -178,8 +178,8 @@ def test_changed_args_restart(monkeypatch, env):
 
 def test_changed_key_restarts_without_showing_it(monkeypatch, env):
     a = args()
-    _, first = run_module(monkeypatch, vllm_serve, a)
-    _, second = run_module(monkeypatch, vllm_serve, dict(a, api_key="other"))
+    first = run_module(monkeypatch, vllm_serve, a)[1]
+    second = run_module(monkeypatch, vllm_serve, dict(a, api_key="other"))[1]
     assert second["actions"] == ["restarted"] and first["args_hash"] != second["args_hash"]
 
 
