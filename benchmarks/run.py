@@ -137,10 +137,10 @@ class HealthPoller:
 
     def stop(self):
         try:
-            out, _ = self.proc.communicate(timeout=30)
+            out = self.proc.communicate(timeout=30)[0]
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            out, _ = self.proc.communicate()
+            out = self.proc.communicate()[0]
         for line in out.splitlines():
             sent, recv, code = line.split()
             self.samples.append((float(sent), float(recv), int(code)))
@@ -173,7 +173,7 @@ def playbook(path, *args, label=""):
         proc = subprocess.Popen(argv, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         sampler = MemorySampler(proc.pid)
         sampler.start()
-        output, _ = proc.communicate()
+        output = proc.communicate()[0]
         wall = time.time() - start
         sampler.done.set()
         sampler.join()
@@ -185,7 +185,7 @@ def playbook(path, *args, label=""):
         ssh_calls = 0
         if os.path.exists(e["BENCH_SSH_LOG"]):
             with open(e["BENCH_SSH_LOG"], encoding="utf-8") as handle:
-                ssh_calls = sum(1 for _ in handle)
+                ssh_calls = len(handle.readlines())
     tasks = timer["tasks"]
     return dict(
         wall=round(wall, 2),
