@@ -191,6 +191,10 @@ def check_extra_args(extra_args, known=None):
     known = KNOWN_FLAGS if known is None else known
     problems = []
     for name in flag_names(extra_args):
+        if name == "--hf-token":
+            # A token on the command line reaches ps, the result and the diff.
+            problems.append("extra_args: --hf-token puts the token on the command line; set it as HF_TOKEN in env")
+            continue
         if name in MANAGED_FLAGS:
             problems.append(
                 "extra_args: %s is set by this module; use the option %s instead" % (name, MANAGED_FLAGS[name])

@@ -73,6 +73,7 @@ def test_hash_changes_with_args_and_key_but_never_holds_the_key():
         (["--gpu-memory-utilization", "0.9"], "use the option gpu_memory_utilization"),
         (["--enforce-eager \\"], "not a flag"),
         (["\\"], "shell line fragment"),
+        (["--hf-token", "hf_abc"], "set it as HF_TOKEN in env"),
     ],
 )
 def test_check_extra_args(extra, problem):
