@@ -444,12 +444,20 @@ class VllmServe:
         )
         return resp.getcode(), resp.read()
 
-    def health_once(self):
-        try:
-            code, _body = self.http("GET", "/health", timeout=5)
-        except Exception:
-            return False
-        return code == 200
+    def health_once(self, tries=3, pause=2.0):
+        """Whether the running server is healthy. An HTTP answer decides at once (503: the engine is
+        dead); no answer in time is retried, so that one slow reply never restarts a 119 GB load."""
+        for attempt in range(tries):
+            try:
+                code, _body = self.http("GET", "/health", timeout=5)
+            except Exception as exc:
+                if getattr(exc, "code", None) is not None:
+                    return False
+                if attempt + 1 < tries:
+                    time.sleep(pause)
+                continue
+            return code == 200
+        return False
 
     def wait_health(self):
         def healthy():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+from urllib.error import HTTPError
 
 import pytest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _vllm_args, _wait
@@ -164,6 +165,36 @@ def test_same_args_and_healthy_is_untouched(monkeypatch, env):
     failed, res = run_module(monkeypatch, vllm_serve, a)
     assert not failed and not res["changed"] and res["actions"] == []
     assert len(head.launches) == 1 and head.signals == []
+
+
+def test_slow_health_answers_do_not_restart(monkeypatch, env):
+    head, api = env
+    monkeypatch.setattr(vllm_serve.time, "sleep", lambda s: None)
+    a = args()
+    assert not run_module(monkeypatch, vllm_serve, a)[0]
+    api.health_after = 2  # two unanswered probes, then 200
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert not failed and not res["changed"] and head.signals == []
+
+
+def test_health_503_restarts_at_once(monkeypatch, env):
+    _head, api = env
+    monkeypatch.setattr(vllm_serve.time, "sleep", lambda s: None)
+    a = args()
+    assert not run_module(monkeypatch, vllm_serve, a)[0]
+    dead = HTTPError("http://head/health", 503, "Service Unavailable", {}, None)
+    probes = []
+    real = api.open_url
+
+    def engine_dead_once(url, **kwargs):
+        if url.endswith("/health") and not probes:
+            probes.append(url)
+            raise dead
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(vllm_serve, "open_url", engine_dead_once)
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert not failed and res["changed"] and res["actions"] == ["restarted"] and len(probes) == 1
 
 
 def test_changed_args_restart(monkeypatch, env):
