@@ -32,7 +32,7 @@ CASES = [
         "roce_interface",
         {"name": "enp1s0f1np1", "address": "198.18.120.300/24"},
         "address",
-        "CIDR",
+        "ADDRESS/PREFIX",
     ),
     (
         "roce-address-no-prefix",
@@ -236,9 +236,10 @@ def run_case(kind, target, args):
             "-o",
             "-m",
             "dgx_spark.vllm." + target,
-            "-a",
-            json.dumps(args),
         ]
+        # No arguments at all: no -a (ansible reads "-a '{}'" as raw parameters).
+        if args:
+            argv += ["-a", json.dumps(args)]
         return lab.run(argv, 120)
     if kind == "role":
         extra = dict(args, bad_inputs_role=target)
