@@ -32,3 +32,20 @@ attributes:
     support: full
     description: Reads state only.
 """
+
+    # Modules that change state: full check mode, diff and idempotence.
+    STATEFUL = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    description: Can run in check mode and return changed status prediction without modifying target.
+  diff_mode:
+    support: full
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+  idempotent:
+    support: full
+    description:
+      - When run twice in a row outside check mode, with the same arguments,
+        the second invocation indicates no change.
+"""

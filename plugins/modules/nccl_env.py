@@ -20,14 +20,7 @@ description:
 version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
-  - dgx_spark.vllm.attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  idempotent:
-    support: full
+  - dgx_spark.vllm.attributes.STATEFUL
 options:
   interfaces:
     description: This host's fabric interfaces, first one first (its address becomes C(VLLM_HOST_IP)).

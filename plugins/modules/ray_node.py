@@ -23,14 +23,7 @@ version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
   - dgx_spark.vllm.docker
-  - dgx_spark.vllm.attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  idempotent:
-    support: full
+  - dgx_spark.vllm.attributes.STATEFUL
 options:
   name:
     description: Container name.

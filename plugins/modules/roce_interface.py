@@ -21,14 +21,7 @@ requirements:
   - netaddr (Python library) on the node
   - iproute2 (C(ip)) on the node; netplan where it is used
 extends_documentation_fragment:
-  - dgx_spark.vllm.attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  idempotent:
-    support: full
+  - dgx_spark.vllm.attributes.STATEFUL
 options:
   name:
     description: The interface, e.g. C(enp1s0f1np1). It must exist.
@@ -155,7 +148,6 @@ diff:
   type: dict
 """
 
-import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import (
@@ -173,6 +165,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import (
     read_text,
     write_text,
 )
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import wait_for
 
 MTU_MIN = 1280
 MTU_MAX = 9216
@@ -250,12 +243,12 @@ class RoceInterface:
 
     def rdma_facts(self, ip, wait):
         """sysfs discovery; waits for the GID the kernel publishes once the address is set."""
-        deadline = time.monotonic() + (self.p["gid_timeout"] if wait else 0)
-        facts = discover(self.p["sysfs_root"], self.name, ip)
-        while facts["rdma_device"] and facts["gid_index"] is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+
+        def gid_published():
             facts = discover(self.p["sysfs_root"], self.name, ip)
-        return facts
+            return not facts["rdma_device"] or facts["gid_index"] is not None, facts
+
+        return wait_for(gid_published, self.p["gid_timeout"] if wait else 0, interval=0.2).last
 
     def check_speed(self, speed, final):
         """speed_ok; fails when an expected speed is given and a known speed misses it."""

@@ -24,14 +24,7 @@ version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
   - dgx_spark.vllm.docker
-  - dgx_spark.vllm.attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-  idempotent:
-    support: full
+  - dgx_spark.vllm.attributes.STATEFUL
 options:
   container:
     description: The Ray head container on this node.
@@ -444,20 +437,22 @@ class VllmServe:
         )
         return resp.getcode(), resp.read()
 
-    def health_once(self, tries=3, pause=2.0):
+    def health_once(self, settle=4.0):
         """Whether the running server is healthy. An HTTP answer decides at once (503: the engine is
-        dead); no answer in time is retried, so that one slow reply never restarts a 119 GB load."""
-        for attempt in range(tries):
+        dead); no answer in time is asked again for a few seconds, so that one slow reply never
+        restarts a 119 GB load."""
+
+        def answered():
             try:
                 code, _body = self.http("GET", "/health", timeout=5)
             except Exception as exc:
                 if getattr(exc, "code", None) is not None:
-                    return False
-                if attempt + 1 < tries:
-                    time.sleep(pause)
-                continue
-            return code == 200
-        return False
+                    raise StopWaiting("/health answered %s" % exc.code) from exc
+                return False, None
+            return True, code
+
+        result = wait_for(answered, settle, interval=1.0)
+        return result.ok and result.last == 200
 
     def wait_health(self):
         def healthy():

@@ -169,7 +169,6 @@ def test_same_args_and_healthy_is_untouched(monkeypatch, env):
 
 def test_slow_health_answers_do_not_restart(monkeypatch, env):
     head, api = env
-    monkeypatch.setattr(vllm_serve.time, "sleep", lambda s: None)
     a = args()
     assert not run_module(monkeypatch, vllm_serve, a)[0]
     api.health_after = 2  # two unanswered probes, then 200
@@ -179,7 +178,6 @@ def test_slow_health_answers_do_not_restart(monkeypatch, env):
 
 def test_health_503_restarts_at_once(monkeypatch, env):
     _head, api = env
-    monkeypatch.setattr(vllm_serve.time, "sleep", lambda s: None)
     a = args()
     assert not run_module(monkeypatch, vllm_serve, a)[0]
     dead = HTTPError("http://head/health", 503, "Service Unavailable", {}, None)
