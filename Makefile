@@ -57,8 +57,12 @@ integration: venv engine
 # Stage order: each scenario finds the lab as the stages before it left it (the default
 # scenario creates the lab first and destroys it last).
 SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy reconverge
+# Molecule's state lives in build/ and starts empty: state left in ~/.ansible/tmp by another checkout
+# named the same (or an interrupted run) would otherwise make it skip creating the lab.
+MOLECULE_STATE := $(CURDIR)/build/molecule-state
 molecule: venv engine
-	$(MOLECULE) test $(foreach s,$(SCENARIOS),-s $(s))
+	rm -rf $(MOLECULE_STATE)
+	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test $(foreach s,$(SCENARIOS),-s $(s))
 
 ## Faults and bad inputs on a second lab (tests/faults/inventory): each case one line, then `N passed, N failed`.
 ## The fault suite leaves its lab deployed for the bad-input suite, which takes it down.

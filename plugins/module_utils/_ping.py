@@ -9,6 +9,9 @@ C locale).
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import C_LOCALE, HAS_NETADDR, netaddr
 
 _STATS = re.compile(r"(\d+) packets transmitted, (\d+) received(?:, \+(\d+) errors)?, ([\d.]+)% packet loss")
 _RTT = re.compile(r"rtt min/avg/max/mdev = [\d.]+/([\d.]+)/")
@@ -56,3 +59,81 @@ def evidence(out, err):
     lines = [line.strip() for line in ("%s\n%s" % (out, err)).splitlines()]
     picked = [line for line in lines if line.startswith(("ping:", "From "))]
     return "; ".join(dict.fromkeys(picked))
+
+
+HEADERS = 28  # IPv4 header 20 + ICMP header 8: a DF ping of (MTU - 28) bytes fills one frame
+
+
+class RailPinger:
+    """Don't-fragment pings from one interface to one peer, with the likely cause of a failure.
+
+    ip is an _netif.IpRoute, read for the link state when the pings are lost silently.
+    """
+
+    def __init__(self, module, count, timeout, ip):
+        self.module = module
+        self.count = count
+        self.timeout = timeout
+        self.ip = ip
+        self.ping_bin = module.get_bin_path("ping", required=True)
+
+    def ping(self, interface, peer, payload=None):
+        argv = [self.ping_bin]
+        if payload is not None:
+            argv += ["-M", "do", "-s", str(payload)]
+        # 0.2 s between pings (the shortest ping allows any user): the check costs ~0.4 s, not ~2 s.
+        argv += ["-c", str(self.count), "-i", "0.2", "-W", str(self.timeout), "-I", interface, peer]
+        return self.module.run_command(argv, environ_update=C_LOCALE)
+
+    @staticmethod
+    def in_subnet(state, peer):
+        if not HAS_NETADDR:
+            return True  # cannot tell; the small ping decides
+        return any(netaddr.IPAddress(peer) in netaddr.IPNetwork(address) for address in state["addresses"])
+
+    def diagnose(self, interface, peer, state):
+        """The cause of a silent total loss, from the link, the subnet and a small ping."""
+        if state is None or not state["carrier"] or not state["up"]:
+            return "link_down"
+        if not self.in_subnet(state, peer):
+            return "no_route"
+        rc, _out, _err = self.ping(interface, peer)
+        return "mtu_mismatch" if rc == 0 else "peer_unreachable"
+
+    def check(self, rail, peer, payload):
+        """One rail's DF ping to one peer: {rail, interface, peer, ok, cause, message, loss_percent, rtt_avg_ms}."""
+        interface = rail["interface"]
+        name = rail.get("name") or interface
+        rc, out, err = self.ping(interface, peer, payload)
+        verdict = parse(rc, out, err)
+        if rc != 0 and verdict["cause"] is None:
+            verdict["cause"] = self.diagnose(interface, peer, self.ip.state(interface))
+        ok = rc == 0 and verdict["cause"] is None
+        message = ""
+        if not ok:
+            seen = evidence(out, err)
+            message = "rail %s (%s) -> %s: %s%s" % (
+                name,
+                interface,
+                peer,
+                CAUSES[verdict["cause"]],
+                " [ping: %s]" % seen if seen else "",
+            )
+        return dict(
+            rail=name,
+            interface=interface,
+            peer=peer,
+            ok=ok,
+            cause=None if ok else verdict["cause"],
+            message=message,
+            loss_percent=verdict["loss_percent"],
+            rtt_avg_ms=verdict["rtt_avg_ms"],
+        )
+
+    def check_all(self, rails, payload):
+        """Every rail's DF ping to each of its peers at once (each ping waits on the wire, not the CPU)."""
+        pairs = [(rail, peer) for rail in rails for peer in rail["peers"]]
+        if len(pairs) < 2:
+            return [self.check(rail, peer, payload) for rail, peer in pairs]
+        with ThreadPoolExecutor(max_workers=min(len(pairs), 16)) as pool:
+            return list(pool.map(lambda pair: self.check(pair[0], pair[1], payload), pairs))

@@ -114,77 +114,19 @@ payload_bytes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import (
-    C_LOCALE,
-    HAS_NETADDR,
-    IpRoute,
-    netaddr,
-)
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._ping import CAUSES, evidence, parse
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import HAS_NETADDR, IpRoute, netaddr
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._ping import HEADERS, RailPinger
 
 MTU_MIN = 1280
 MTU_MAX = 9216
-HEADERS = 28  # IPv4 header 20 + ICMP header 8
 
 
 class FabricCheck:
     def __init__(self, module):
         self.module = module
         self.p = module.params
-        self.ping_bin = module.get_bin_path("ping", required=True)
         self.ip = IpRoute(module)
-
-    def ping(self, interface, peer, payload=None):
-        argv = [self.ping_bin]
-        if payload is not None:
-            argv += ["-M", "do", "-s", str(payload)]
-        # 0.2 s between pings (the shortest ping allows any user): the check costs ~0.4 s, not ~2 s.
-        argv += ["-c", str(self.p["count"]), "-i", "0.2", "-W", str(self.p["timeout"]), "-I", interface, peer]
-        return self.module.run_command(argv, environ_update=C_LOCALE)
-
-    @staticmethod
-    def in_subnet(state, peer):
-        if not HAS_NETADDR:
-            return True  # cannot tell; the small ping decides
-        return any(netaddr.IPAddress(peer) in netaddr.IPNetwork(address) for address in state["addresses"])
-
-    def diagnose(self, interface, peer, state):
-        """The cause of a silent total loss, from the link, the subnet and a small ping."""
-        if state is None or not state["carrier"] or not state["up"]:
-            return "link_down"
-        if not self.in_subnet(state, peer):
-            return "no_route"
-        rc, _out, _err = self.ping(interface, peer)
-        return "mtu_mismatch" if rc == 0 else "peer_unreachable"
-
-    def check(self, rail, peer, payload):
-        interface = rail["interface"]
-        name = rail.get("name") or interface
-        rc, out, err = self.ping(interface, peer, payload)
-        verdict = parse(rc, out, err)
-        if rc != 0 and verdict["cause"] is None:
-            verdict["cause"] = self.diagnose(interface, peer, self.ip.state(interface))
-        ok = rc == 0 and verdict["cause"] is None
-        message = ""
-        if not ok:
-            seen = evidence(out, err)
-            message = "rail %s (%s) -> %s: %s%s" % (
-                name,
-                interface,
-                peer,
-                CAUSES[verdict["cause"]],
-                " [ping: %s]" % seen if seen else "",
-            )
-        return dict(
-            rail=name,
-            interface=interface,
-            peer=peer,
-            ok=ok,
-            cause=None if ok else verdict["cause"],
-            message=message,
-            loss_percent=verdict["loss_percent"],
-            rtt_avg_ms=verdict["rtt_avg_ms"],
-        )
+        self.pinger = RailPinger(module, self.p["count"], self.p["timeout"], self.ip)
 
     def run(self):
         mtu = self.p["mtu"]
@@ -202,7 +144,7 @@ class FabricCheck:
                     % (rail["interface"], ", ".join(bad))
                 )
         payload = mtu - HEADERS
-        results = [self.check(rail, peer, payload) for rail in self.p["rails"] for peer in rail["peers"]]
+        results = self.pinger.check_all(self.p["rails"], payload)
         failed = [result for result in results if not result["ok"]]
         if failed:
             self.module.fail_json(

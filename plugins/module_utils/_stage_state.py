@@ -1,0 +1,279 @@
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the last successful run of each node stage left behind, and whether the node still shows it (private).
+
+A stage's record holds the digest of its settings, a fingerprint of the live state it left (interface
+state, file digests, image IDs, model manifest, GPUs and boot) and the facts later stages read from it.
+A stage is converged when its settings are the same, every live check passes now and the live
+fingerprint equals the recorded one; any difference makes the stage run in full.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import HAS_DOCKER, DockerException
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._model import manifest
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import C_LOCALE, IpRoute
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._nvidia_smi import (
+    NvidiaSmi,
+    NvidiaSmiError,
+    read_boot_id,
+)
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._ping import HEADERS, RailPinger
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text
+
+if HAS_DOCKER:
+    import docker
+
+RECORD_VERSION = 1
+# GPU fields that stay put while a node serves (clocks, memory use and pstate move).
+GPU_STABLE_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version", "persistence_mode")
+
+
+def file_digest(path):
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def load_record(path):
+    """The stages recorded at path ({} when there is no record or it is from another version)."""
+    text = read_text(path)
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
+        return {}
+    return data.get("stages") or {}
+
+
+def dump_record(stages):
+    return json.dumps(dict(version=RECORD_VERSION, stages=stages), indent=2, sort_keys=True) + "\n"
+
+
+class LiveState:
+    """Reads the live state a stage's checks name: returns (fingerprint, problems)."""
+
+    def __init__(self, module):
+        self.module = module
+        self._ip = None
+        self._docker = {}
+        self.seconds = {}  # per check, for the report
+
+    @property
+    def ip(self):
+        if self._ip is None:
+            self._ip = IpRoute(self.module)
+        return self._ip
+
+    def docker(self, host):
+        """(client, None) or (None, why)."""
+        if host not in self._docker:
+            if not HAS_DOCKER:
+                self._docker[host] = (None, "the Docker SDK for Python is not installed")
+            else:
+                try:
+                    client = docker.DockerClient(base_url=host, timeout=30)
+                    client.ping()
+                    self._docker[host] = (client, None)
+                except DockerException as exc:
+                    self._docker[host] = (None, "the Docker engine at %s does not answer (%s)" % (host, exc))
+        return self._docker[host]
+
+    def read(self, checks):
+        fingerprint = {}
+        problems = []
+        for name in sorted(checks):
+            spec = checks[name]
+            if spec is None:
+                continue
+            started = time.monotonic()
+            value, found = getattr(self, "check_" + name)(spec)
+            self.seconds[name] = round(time.monotonic() - started, 3)
+            problems.extend(found)
+            if value is not None:
+                fingerprint[name] = value
+        return fingerprint, problems
+
+    # Each check_<name> returns (fingerprint value or None, [problems]).
+    def check_python(self, minimum):
+        have = "%d.%d.%d" % sys.version_info[:3]
+        wanted = tuple(int(part) for part in str(minimum).split("."))
+        if sys.version_info[: len(wanted)] >= wanted:
+            return None, []
+        return None, ["Python %s is older than %s" % (have, minimum)]
+
+    def check_disk(self, spec):
+        try:
+            stat = os.statvfs(spec["path"])
+        except OSError as exc:
+            return None, ["%s: %s" % (spec["path"], exc.strerror)]
+        free = stat.f_bavail * stat.f_frsize
+        if free < int(spec["min_free_bytes"]):
+            return None, ["%s has %d bytes free, %d wanted" % (spec["path"], free, int(spec["min_free_bytes"]))]
+        return None, []
+
+    def check_directories(self, paths):
+        return None, ["directory %s is missing" % path for path in paths if not os.path.isdir(path)]
+
+    def check_packages(self, names):
+        if not names:
+            return None, []
+        dpkg = self.module.get_bin_path("dpkg-query")
+        if not dpkg:
+            return None, ["dpkg-query is missing: cannot tell whether %s are installed" % ", ".join(names)]
+        argv = [dpkg, "-W", "-f=${Package} ${Status}\\n", *names]
+        _rc, out, _err = self.module.run_command(argv, environ_update=C_LOCALE)
+        installed = {line.split()[0] for line in out.splitlines() if line.endswith(" install ok installed")}
+        return None, ["package %s is not installed" % name for name in names if name not in installed]
+
+    def check_docker(self, host):
+        _client, why = self.docker(host)
+        return None, [why] if why else []
+
+    def check_ssh(self, spec):
+        ssh = self.module.get_bin_path("ssh")
+        if not ssh:
+            return None, ["ssh is missing"]
+
+        def attempt(address):
+            argv = [ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "IdentitiesOnly=yes"]
+            argv += ["-i", spec["key"], "%s@%s" % (spec.get("user") or "root", address), "true"]
+            rc, _out, err = self.module.run_command(argv, environ_update=C_LOCALE)
+            return None if rc == 0 else "ssh to %s with %s fails (%s)" % (address, spec["key"], err.strip()[-160:])
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(spec["addresses"]), 16))) as pool:
+            return None, [problem for problem in pool.map(attempt, spec["addresses"]) if problem]
+
+    def check_boot(self, wanted):
+        return (read_boot_id() if wanted else None), []
+
+    def check_gpus(self, wanted):
+        if not wanted:
+            return None, []
+        smi = NvidiaSmi(self.module)
+        if not smi.present:
+            return [], []
+        try:
+            gpus = smi.query_gpus()
+        except NvidiaSmiError as exc:
+            return None, [str(exc)]
+        return [{field: gpu.get(field) for field in GPU_STABLE_FIELDS} for gpu in gpus], []
+
+    def check_files(self, paths):
+        return {path: file_digest(path) for path in paths}, []
+
+    def check_interfaces(self, wanted):
+        seen = {}
+        problems = []
+        for item in wanted:
+            state = self.ip.state(item["name"])
+            if state is None:
+                problems.append("interface %s is missing" % item["name"])
+                continue
+            seen[item["name"]] = dict(mtu=state["mtu"], up=state["up"], addresses=sorted(state["addresses"]))
+            if not state["up"]:
+                problems.append("%s is down" % item["name"])
+            if state["mtu"] != int(item["mtu"]):
+                problems.append("%s has MTU %s, %s wanted" % (item["name"], state["mtu"], item["mtu"]))
+            if item["address"] not in state["addresses"]:
+                problems.append("%s lacks %s" % (item["name"], item["address"]))
+        return seen, problems
+
+    def check_ping(self, spec):
+        pinger = RailPinger(self.module, spec.get("count", 3), spec.get("timeout", 2), self.ip)
+        payload = int(spec["mtu"]) - HEADERS
+        results = pinger.check_all(spec["rails"], payload)
+        return None, [result["message"] for result in results if not result["ok"]]
+
+    def check_images(self, spec):
+        client, why = self.docker(spec["docker_host"])
+        if why:
+            return None, [why]
+        ids = {}
+        for ref in spec["refs"]:
+            try:
+                ids[ref] = client.images.get(ref).id
+            except DockerException:
+                ids[ref] = None
+        return ids, ["image %s is missing" % ref for ref, found in ids.items() if found is None]
+
+    def check_model(self, spec):
+        if not os.path.isdir(spec["path"]):
+            return None, ["model directory %s is missing" % spec["path"]]
+        _entries, digest = manifest(spec["path"], spec.get("fingerprint", "sample"))
+        return digest, []
+
+
+def probe(module, path, stages):
+    """Each stage, in order: converged or not and why. Once one stage runs, the later ones run too."""
+    recorded = load_record(path)
+    live = LiveState(module)
+    # Every stage's live state at once (the pings and SSH attempts wait on the network); the chain
+    # below decides which readings count.
+    with ThreadPoolExecutor(max_workers=max(1, len(stages))) as pool:
+        readings = list(pool.map(lambda stage: live.read(stage.get("checks") or {}), stages))
+    out = []
+    first_run = len(stages)
+    for index, stage in enumerate(stages):
+        name = stage["name"]
+        record = recorded.get(name)
+        if index > first_run:
+            reasons = ["an earlier stage (%s) runs" % stages[first_run]["name"]]
+        elif record is None:
+            reasons = ["no record of a successful run"]
+        elif record.get("inputs") != stage["inputs"]:
+            reasons = ["its settings changed since the last successful run"]
+        else:
+            fingerprint, reasons = readings[index]
+            reasons = list(reasons)
+            changed = sorted(
+                key
+                for key in set(fingerprint) | set(record.get("fingerprint", {}))
+                if fingerprint.get(key) != record.get("fingerprint", {}).get(key)
+            )
+            reasons += ["changed since the last successful run: %s" % ", ".join(changed)] if changed else []
+        converged = not reasons
+        if not converged and first_run == len(stages):
+            first_run = index
+        out.append(
+            dict(
+                name=name,
+                converged=converged,
+                reasons=reasons,
+                facts=record.get("facts", {}) if converged and record else {},
+            )
+        )
+    return out, first_run, live.seconds
+
+
+def record(module, path, stages):
+    """Record every stage given (run just now): settings digest, live fingerprint and facts.
+
+    Returns (recorded names, skipped {name: problems}, changed). A stage whose live checks fail now is
+    not recorded (and an older record of it is dropped), so the next run does it again.
+    """
+    current = load_record(path)
+    updated = dict(current)
+    live = LiveState(module)
+    done, skipped = [], {}
+    for stage in stages:
+        fingerprint, problems = live.read(stage.get("checks") or {})
+        if problems:
+            skipped[stage["name"]] = problems
+            updated.pop(stage["name"], None)
+            continue
+        updated[stage["name"]] = dict(inputs=stage["inputs"], fingerprint=fingerprint, facts=stage.get("facts") or {})
+        done.append(stage["name"])
+    return done, skipped, updated != current, dump_record(updated)

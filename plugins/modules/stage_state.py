@@ -1,0 +1,190 @@
+#!/usr/bin/python
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: stage_state
+short_description: Record what each node stage left, and tell which stages a node still shows converged
+description:
+  - With O(operation=record), after the stages in O(stages) ran successfully, writes for each the digest of
+    its settings (O(stages[].inputs)), a fingerprint of the live state its O(stages[].checks) read and the facts
+    later stages need (O(stages[].facts)) to O(path), mode C(0600).
+  - With O(operation=probe), reads the same live state again in one pass and reports, in order, whether each
+    stage is converged; settings changed, a live check failing now (an interface down or at another MTU, a
+    DF ping lost, the Docker engine silent, a directory or package missing, too little disk) or a fingerprint
+    that differs (file digests, image IDs, model manifest, GPUs, boot id) make a stage run, and every stage after it.
+  - The deploy playbook runs one probe per node instead of every stage's own checks when nothing changed; a
+    stage that runs does all its own checks.
+version_added: 0.2.0
+author: dgx_spark.vllm contributors (@dgx-spark)
+requirements:
+  - iproute2 (C(ip)) for C(interfaces), iputils ping for C(ping), the Docker SDK
+    for Python for C(docker) and C(images), nvidia-smi for C(gpus)
+extends_documentation_fragment:
+  - dgx_spark.vllm.attributes
+options:
+  operation:
+    description: C(probe) reads and compares; C(record) writes the record of stages that just ran.
+    type: str
+    choices: [probe, record]
+    required: true
+  path:
+    description: The record file on the node.
+    type: path
+    default: /var/lib/dgx-spark/stages.json
+  stages:
+    description: The node stages in run order (probe) or the stages that just ran (record).
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: The stage name.
+        type: str
+        required: true
+      inputs:
+        description: A digest of the stage's settings, made on the controller.
+        type: str
+        required: true
+      facts:
+        description: Facts the stage set that later stages read (record only); returned by a converged probe.
+        type: dict
+        default: {}
+      checks:
+        description:
+          - The live state the stage leaves. Keys C(python) (minimum version), C(disk) (C(path), C(min_free_bytes)),
+            C(directories) (paths), C(packages) (Debian package names), C(docker) (engine address), C(ssh)
+            (C(key), C(addresses), C(user)) are pass-or-fail checks.
+          - C(boot) (true), C(gpus) (true), C(files) (paths, each fingerprinted by SHA-256), C(interfaces)
+            (C(name), C(mtu), C(address); each also checked up, at that MTU and holding that address), C(images)
+            (C(docker_host), C(refs); image IDs) and C(model) (C(path), C(fingerprint)) are fingerprinted.
+          - C(ping) (C(mtu), C(rails) of C(interface) and C(peers), C(count), C(timeout)) sends don't-fragment pings
+            of the full MTU; a lost one fails the check.
+        type: dict
+        default: {}
+attributes:
+  check_mode:
+    support: full
+    description: O(operation=probe) reads only; O(operation=record) reports what it would write and writes nothing.
+  diff_mode:
+    support: none
+    description: The record is bookkeeping; no diff is shown.
+  idempotent:
+    support: full
+    description: Recording the same state twice leaves the file unchanged the second time.
+"""
+
+EXAMPLES = r"""
+- name: Find the stages the last successful run left converged
+  dgx_spark.vllm.stage_state:
+    operation: probe
+    stages:
+      - name: fabric
+        inputs: "{{ {'mtu': fabric_mtu, 'interfaces': fabric_interfaces} | to_json | hash('sha256') }}"
+        checks:
+          interfaces: "{{ fabric_interfaces | map('combine', {'mtu': fabric_mtu}) }}"
+          files: [/etc/dgx-spark/nccl.env]
+  register: probe
+"""
+
+RETURN = r"""
+stages:
+  description: Each stage given, in order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: The stage.
+      type: str
+    converged:
+      description: Whether the node still shows what the last run left (probe), or whether it was recorded (record).
+      type: bool
+    reasons:
+      description: Why the stage runs (probe) or why it was not recorded (record).
+      type: list
+      elements: str
+    facts:
+      description: The recorded facts of a converged stage (probe).
+      type: dict
+seconds:
+  description: Seconds each kind of live check took (probe).
+  returned: when O(operation=probe)
+  type: dict
+  sample: {"ping": 0.41, "images": 0.05}
+first_run:
+  description: Index in O(stages) of the first stage that runs; the number of stages when none does (probe).
+  returned: when O(operation=probe)
+  type: int
+  sample: 2
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import probe, record
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import write_text
+
+CHECK_KEYS = frozenset(
+    (
+        "python",
+        "disk",
+        "directories",
+        "packages",
+        "docker",
+        "ssh",
+        "boot",
+        "gpus",
+        "files",
+        "interfaces",
+        "ping",
+        "images",
+        "model",
+    )
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            operation=dict(type="str", choices=["probe", "record"], required=True),
+            path=dict(type="path", default="/var/lib/dgx-spark/stages.json"),
+            stages=dict(
+                type="list",
+                elements="dict",
+                required=True,
+                options=dict(
+                    name=dict(type="str", required=True),
+                    inputs=dict(type="str", required=True),
+                    facts=dict(type="dict", default={}),
+                    checks=dict(type="dict", default={}),
+                ),
+            ),
+        ),
+        supports_check_mode=True,
+    )
+    path, stages = module.params["path"], module.params["stages"]
+    for stage in stages:
+        unknown = sorted(set(stage["checks"]) - CHECK_KEYS)
+        if unknown:
+            module.fail_json(
+                msg="stages: %s has unknown checks %s; use %s."
+                % (stage["name"], unknown, ", ".join(sorted(CHECK_KEYS)))
+            )
+    if module.params["operation"] == "probe":
+        found, first_run, seconds = probe(module, path, stages)
+        module.exit_json(changed=False, stages=found, first_run=first_run, seconds=seconds)
+    done, skipped, changed, text = record(module, path, stages)
+    if changed and not module.check_mode:
+        write_text(module, path, text, "0600")
+    module.exit_json(
+        changed=changed,
+        stages=[
+            dict(name=stage["name"], converged=stage["name"] in done, reasons=skipped.get(stage["name"], []), facts={})
+            for stage in stages
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""stage_state: record what a stage left, then probe it against recorded ip/ping runs, files and images."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+from _fabric_fakes import FakeHost, recorded
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _stage_state
+from ansible_collections.dgx_spark.vllm.plugins.modules import stage_state
+from fake_docker import FakeClient
+from module_runner import run_module
+
+IF0, PEER0 = "enp1s0f1np1", "198.18.100.12"
+IMAGE = "dgx-spark/vllm-runtime:in-service"
+
+
+@pytest.fixture
+def node(monkeypatch, tmp_path):
+    """A node with one configured rail (recorded ip output), a pingable peer, an env file and an image."""
+    host = FakeHost(monkeypatch, "addr_configured")
+    host.ping_results[(IF0, PEER0, True)] = recorded("ping", "ping_ok")
+    env = tmp_path / "nccl.env"
+    env.write_text("NCCL_SOCKET_IFNAME=enp1s0f1np1\n")
+    client = FakeClient(images={IMAGE: {"Id": "sha256:" + "a" * 64}})
+    monkeypatch.setattr(_stage_state, "HAS_DOCKER", True)
+    monkeypatch.setattr(_stage_state.LiveState, "docker", lambda _self, _host: (client, None))
+    return dict(host=host, env=env, client=client, record=tmp_path / "stages.json", tmp=tmp_path)
+
+
+def stages(node, **inputs):
+    fabric_checks = dict(
+        interfaces=[dict(name=IF0, mtu=9000, address="198.18.100.11/24")],
+        files=[str(node["env"])],
+        ping=dict(mtu=9000, count=3, timeout=1, rails=[dict(interface=IF0, peers=[PEER0])]),
+    )
+    return [
+        dict(name="preflight", inputs=inputs.get("preflight", "p1"), checks=dict(directories=[str(node["tmp"])])),
+        dict(name="fabric", inputs=inputs.get("fabric", "f1"), checks=fabric_checks),
+        dict(
+            name="runtime_image",
+            inputs=inputs.get("runtime_image", "r1"),
+            checks=dict(images=dict(docker_host="unix:///var/run/docker.sock", refs=[IMAGE])),
+        ),
+    ]
+
+
+def record(monkeypatch, node, given=None, facts=None, check_mode=False):
+    given = given or stages(node)
+    for stage in given:
+        stage["facts"] = (facts or {}).get(stage["name"], {})
+    args = dict(operation="record", path=str(node["record"]), stages=given)
+    if check_mode:
+        args["_ansible_check_mode"] = True
+    return run_module(monkeypatch, stage_state, args)
+
+
+def probe(monkeypatch, node, given=None):
+    failed, result = run_module(
+        monkeypatch, stage_state, dict(operation="probe", path=str(node["record"]), stages=given or stages(node))
+    )
+    assert not failed, result
+    return result
+
+
+def verdicts(result):
+    return [(s["name"], s["converged"]) for s in result["stages"]]
+
+
+def test_no_record_runs_every_stage(monkeypatch, node):
+    result = probe(monkeypatch, node)
+    assert result["first_run"] == 0
+    assert verdicts(result) == [("preflight", False), ("fabric", False), ("runtime_image", False)]
+    assert result["stages"][0]["reasons"] == ["no record of a successful run"]
+    assert result["stages"][2]["reasons"] == ["an earlier stage (preflight) runs"]
+
+
+def test_recorded_state_is_converged_and_returns_the_facts(monkeypatch, node):
+    failed, result = record(monkeypatch, node, facts={"fabric": {"fabric_ip": "198.18.100.11"}})
+    assert not failed, result
+    assert result["changed"] is True
+    assert stat.S_IMODE(os.stat(node["record"]).st_mode) == 0o600
+    saved = json.loads(node["record"].read_text())["stages"]
+    assert saved["runtime_image"]["fingerprint"]["images"] == {IMAGE: "sha256:" + "a" * 64}
+    assert saved["fabric"]["fingerprint"]["interfaces"][IF0]["mtu"] == 9000
+
+    result = probe(monkeypatch, node)
+    assert result["first_run"] == 3
+    assert verdicts(result) == [("preflight", True), ("fabric", True), ("runtime_image", True)]
+    assert result["stages"][1]["facts"] == {"fabric_ip": "198.18.100.11"}
+    assert set(result["seconds"]) >= {"interfaces", "ping", "images", "files", "directories"}
+
+    failed, again = record(monkeypatch, node, facts={"fabric": {"fabric_ip": "198.18.100.11"}})
+    assert not failed and again["changed"] is False
+
+
+def test_mtu_drift_runs_the_fabric_stage_and_every_later_one(monkeypatch, node):
+    record(monkeypatch, node)
+    node["host"].link["mtu"] = 1500
+    result = probe(monkeypatch, node)
+    assert result["first_run"] == 1
+    assert verdicts(result) == [("preflight", True), ("fabric", False), ("runtime_image", False)]
+    reasons = " ".join(result["stages"][1]["reasons"])
+    assert "enp1s0f1np1 has MTU 1500, 9000 wanted" in reasons
+    assert "changed since the last successful run: interfaces" in reasons
+    assert result["stages"][2]["reasons"] == ["an earlier stage (fabric) runs"]
+    assert result["stages"][2]["facts"] == {}
+
+
+def test_lost_df_ping_runs_the_fabric_stage(monkeypatch, node):
+    record(monkeypatch, node)
+    node["host"].ping_results[(IF0, PEER0, True)] = recorded("ping", "ping_frag_needed")
+    result = probe(monkeypatch, node)
+    assert verdicts(result)[1] == ("fabric", False)
+    assert "MTU mismatch on the path" in result["stages"][1]["reasons"][0]
+
+
+def test_edited_env_file_and_replaced_image_are_seen(monkeypatch, node):
+    record(monkeypatch, node)
+    node["env"].write_text("NCCL_SOCKET_IFNAME=eth0\n")
+    node["client"].images.items[IMAGE] = {"Id": "sha256:" + "b" * 64}
+    result = probe(monkeypatch, node)
+    assert result["stages"][1]["reasons"] == ["changed since the last successful run: files"]
+    # The chain reports the first cause only; the image stage runs because fabric does.
+    assert result["stages"][2]["reasons"] == ["an earlier stage (fabric) runs"]
+
+    node["env"].write_text("NCCL_SOCKET_IFNAME=enp1s0f1np1\n")
+    result = probe(monkeypatch, node)
+    assert result["first_run"] == 2
+    assert result["stages"][2]["reasons"] == ["changed since the last successful run: images"]
+
+
+def test_changed_settings_run_the_stage(monkeypatch, node):
+    record(monkeypatch, node)
+    result = probe(monkeypatch, node, stages(node, fabric="f2"))
+    assert result["first_run"] == 1
+    assert result["stages"][1]["reasons"] == ["its settings changed since the last successful run"]
+
+
+def test_a_stage_failing_its_checks_is_not_recorded_and_its_old_record_goes(monkeypatch, node):
+    record(monkeypatch, node)
+    node["client"].images.items.clear()
+    failed, result = record(monkeypatch, node)
+    assert not failed, result
+    assert [(s["name"], s["converged"]) for s in result["stages"]][2] == ("runtime_image", False)
+    assert result["stages"][2]["reasons"] == ["image %s is missing" % IMAGE]
+    assert "runtime_image" not in json.loads(node["record"].read_text())["stages"]
+
+
+def test_check_mode_writes_nothing(monkeypatch, node):
+    failed, result = record(monkeypatch, node, check_mode=True)
+    assert not failed and result["changed"] is True
+    assert not node["record"].exists()
+
+
+def test_model_manifest_change_is_seen(monkeypatch, node):
+    model = node["tmp"] / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["Qwen3_5MoeForConditionalGeneration"]}')
+    given = [dict(name="model", inputs="m1", checks=dict(model=dict(path=str(model), fingerprint="sample")))]
+    record(monkeypatch, node, given=[dict(g) for g in given])
+    assert probe(monkeypatch, node, given)["stages"][0]["converged"] is True
+    (model / "config.json").write_text('{"architectures": ["Other"]}')
+    assert probe(monkeypatch, node, given)["stages"][0]["reasons"] == ["changed since the last successful run: model"]
+
+
+def test_unknown_check_is_refused_naming_it(monkeypatch, node):
+    failed, result = run_module(
+        monkeypatch,
+        stage_state,
+        dict(operation="probe", path=str(node["record"]), stages=[dict(name="fabric", inputs="x", checks={"mtu": 1})]),
+    )
+    assert failed
+    assert "stages: fabric has unknown checks ['mtu']" in result["msg"]
+    assert not node["record"].exists()
+
+
+def test_a_record_of_another_version_is_ignored(monkeypatch, node):
+    node["record"].write_text(json.dumps({"version": 0, "stages": {"preflight": {"inputs": "p1"}}}))
+    assert probe(monkeypatch, node)["stages"][0]["reasons"] == ["no record of a successful run"]
