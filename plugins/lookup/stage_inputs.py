@@ -8,11 +8,12 @@ name: stage_inputs
 short_description: A digest of a deploy stage's settings and of its role's tasks
 description:
   - Returns the SHA-256 of every variable whose name starts with the stage's prefix (C(fabric_) for C(fabric)),
-    templated, of the text of the role's C(tasks/*.yml) and of O(extra); the deploy's stage record
+    templated, of the text of the role's C(tasks/*.yml), of this collection's version and of O(extra); the
+    deploy's stage record
     (M(dgx_spark.vllm.stage_state)) compares it with the digest of the last successful run.
   - Variables ending in C(_token) are left out, so a new token does not make a stage run.
   - Run it inside the role (C(role_path) and the role's defaults must be in scope).
-version_added: 0.2.0
+version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 options:
   _terms:
@@ -47,6 +48,22 @@ from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
 
+COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def collection_version():
+    """This collection's version (galaxy.yml in a checkout, MANIFEST.json when installed): new code, new digest."""
+    manifest = os.path.join(COLLECTION_ROOT, "MANIFEST.json")
+    if os.path.exists(manifest):
+        with open(manifest, encoding="utf-8") as handle:
+            return json.load(handle)["collection_info"]["version"]
+    with open(os.path.join(COLLECTION_ROOT, "galaxy.yml"), encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("version:"):
+                return line.split(":", 1)[1].strip().strip("\"'")
+    return None
+
+
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
@@ -66,6 +83,8 @@ class LookupModule(LookupBase):
             with open(path, "rb") as handle:
                 tasks.append([os.path.basename(path), hashlib.sha256(handle.read()).hexdigest()])
         blob = json.dumps(
-            dict(settings=settings, tasks=tasks, extra=self.get_option("extra")), sort_keys=True, default=str
+            dict(settings=settings, tasks=tasks, collection=collection_version(), extra=self.get_option("extra")),
+            sort_keys=True,
+            default=str,
         )
         return [hashlib.sha256(blob.encode("utf-8")).hexdigest()]

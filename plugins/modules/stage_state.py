@@ -17,7 +17,7 @@ description:
     that differs (file digests, image IDs, model manifest, GPUs, boot id) make a stage run, and every stage after it.
   - The deploy playbook runs one probe per node instead of every stage's own checks when nothing changed; a
     stage that runs does all its own checks.
-version_added: 0.2.0
+version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 requirements:
   - iproute2 (C(ip)) for C(interfaces), iputils ping for C(ping), the Docker SDK
