@@ -98,7 +98,7 @@ def case_interrupted(suite, fresh):
     """The playbook killed mid-run at three points in a row; the next run converges."""
     points = [
         ("runtime_image", "Runtime image", "Image | Obtain, verify, promote on the build host", 6 if fresh else 1),
-        ("ray_cluster", "Ray cluster", "TASK [dgx_spark.vllm.ray_cluster : Start the Ray workers]", 1),
+        ("ray_cluster", "Ray cluster", "TASK [dgx_spark.vllm.ray_cluster : Start the Ray head and workers]", 1),
         ("vllm_server", "The vLLM server", "TASK [dgx_spark.vllm.vllm_server : Serve the model and verify", 1),
     ]
     if not fresh:
@@ -160,8 +160,8 @@ def case_worker_unreachable(suite):
         net = lab.LAB_NAME + "-mgmt"
 
         def cut(line, _proc):
-            # The model stage's last node task is done: cut the worker off before the Ray stage.
-            if "TASK [dgx_spark.vllm.model : Check every node holds the head's files]" in line:
+            # Every node stage is done (or found converged): cut the worker off as the Ray stage starts.
+            if line.startswith("PLAY [Ray cluster]"):
                 lab.sh("docker", "network", "disconnect", net, lab.WORKER)
 
         try:
