@@ -47,7 +47,6 @@ import os
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
-
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

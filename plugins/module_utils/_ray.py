@@ -30,6 +30,9 @@ HASH_LABEL = "dgx_spark.vllm.config_hash"
 ROLE_LABEL = "dgx_spark.vllm.ray_role"
 # `ray start` prints this line once the node's processes are up, head and worker alike.
 READY_MARK = "Ray runtime started"
+# A worker's `ray start --address` logs these while the head's GCS does not answer yet (it keeps
+# retrying: 20 tries of about 40 s each in Ray 2.60).
+GCS_UNREACHABLE_MARKS = ("Failed to connect to GCS", "Failed to get cluster ID from GCS")
 RESTART_POLICIES = ["no", "always", "unless-stopped", "on-failure"]
 
 
@@ -71,6 +74,11 @@ def head_address(p):
     if ":" in head:  # an IPv6 literal
         return "[%s]:%d" % (head, p["ray_port"])
     return "%s:%d" % (head, p["ray_port"])
+
+
+def waiting_for_gcs(log):
+    """True when a worker's log shows it has not reached the head's GCS yet."""
+    return READY_MARK not in log and any(mark in log for mark in GCS_UNREACHABLE_MARKS)
 
 
 def ray_start_argv(p):

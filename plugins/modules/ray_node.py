@@ -19,6 +19,8 @@ description:
     unchanged and running is left alone, changed is recreated, stopped is started.
   - After a (re)start the module waits for Ray's "Ray runtime started" line and fails early, with the
     container log, when the container exits instead.
+  - A worker may be started before or together with its head: its C(ray start --address) keeps retrying
+    the head's GCS (for minutes), and the wait covers that; a timeout says when the GCS never answered.
 version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
@@ -130,7 +132,9 @@ options:
     type: bool
     default: false
   start_timeout:
-    description: Seconds to wait for C(Ray runtime started) after a (re)start.
+    description:
+      - Seconds to wait for C(Ray runtime started) after a (re)start.
+      - For a worker started together with its head this includes the head's start-up.
     type: int
     default: 120
   log_lines:
@@ -309,6 +313,10 @@ class RayNode:
         self.result["ready_seconds"] = round(res.elapsed, 2)
         if not res.ok:
             why = res.stopped or "no '%s' within %ss" % (_ray.READY_MARK, self.p["start_timeout"])
+            if self.p["role"] == "worker" and _ray.waiting_for_gcs(log_tail(container, 200)):
+                why += "; the head's GCS at %s never answered: is the Ray head up, and the fabric path to it open?" % (
+                    _ray.head_address(self.p)
+                )
             self.module.fail_json(
                 msg="Ray did not start in container %s (%s). %s. Log tail:\n%s"
                 % (self.p["name"], why, self.result["entrypoint"], log_tail(container, self.p["log_lines"])),

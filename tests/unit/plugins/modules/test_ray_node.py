@@ -169,3 +169,18 @@ def test_absent_removes(monkeypatch, client):
     assert ("remove", True) in container.calls
     failed, res = run_module(monkeypatch, ray_node, dict(name="bringup-test-ray-head", state="absent"))
     assert not failed and not res["changed"]
+
+
+def test_worker_waiting_for_its_head_says_so(monkeypatch, client):
+    # Recorded from Ray 2.60: a worker whose head's GCS does not answer keeps retrying (no exit).
+    client.containers.log_for_new = fixture_text("docker", "container_worker_no_gcs.log").encode()
+    args = dict(RECORDED_ARGS, role="worker", head_address="198.18.140.11:6390", image="plain:1", start_timeout=0)
+    failed, res = run_module(monkeypatch, ray_node, args)
+    assert failed
+    assert "no 'Ray runtime started' within 0s" in res["msg"]
+    assert "the head's GCS at 198.18.140.11:6390 never answered" in res["msg"]
+    # A head does not wait for a GCS: no such hint for it.
+    failed, res = run_module(
+        monkeypatch, ray_node, dict(RECORDED_ARGS, name="other-head", image="plain:1", start_timeout=0)
+    )
+    assert failed and "never answered" not in res["msg"]
