@@ -16,9 +16,10 @@ description:
   - C(ray.nodes()) is used rather than parsing C(ray status). It names each node by its IP (so a
     missing node can be named by inventory host), says alive or dead, and is current, while
     C(ray status) prints the autoscaler's periodic snapshot in a human format that lags behind.
-  - Fails at once when the head container is not running. On timeout, names each missing node by
-    inventory host and IP, and includes the end of the head's Ray log; the logs of the missing
-    workers live on their own engines, so the role collects those (RV(missing) lists them).
+  - Fails at once when the head container is not running, or restarts while waited for (Ray exited in it).
+    On timeout, names each missing node by inventory host and IP, and includes the end of the head's Ray
+    log; the logs of the missing workers live on their own engines, so the role collects those
+    (RV(missing) lists them).
 version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
@@ -144,6 +145,7 @@ class ClusterWait:
         self.summary = None
         self.alive = []
         self.error = None
+        self.restarts = 0
 
     def run(self):
         ips = [n["ip"] for n in self.p["expected_nodes"]]
@@ -161,6 +163,7 @@ class ClusterWait:
                 head_log=log_tail(container, self.p["log_lines"]) if container is not None else "",
                 **self.empty(),
             )
+        self.restarts = container.attrs.get("RestartCount", 0)
         res = wait_for(lambda: self.poll(container), self.p["timeout"], self.p["interval"])
         out = dict(
             changed=False,
@@ -183,6 +186,9 @@ class ClusterWait:
             raise StopWaiting("the head's Docker engine stopped answering: %s" % exc) from exc
         if container.status != "running":
             raise StopWaiting("the head container %s is %s" % (self.p["container"], container.status))
+        if container.attrs.get("RestartCount", 0) > self.restarts:
+            # The restart policy hides a Ray that exits: a restart while waiting is a failure.
+            raise StopWaiting("the head container %s restarted: Ray exited in it" % self.p["container"])
         argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
         if self.p["watch"] > 0:
             # One exec watches for up to `watch` seconds: the join is seen within 0.1 s, not a fresh

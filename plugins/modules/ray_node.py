@@ -131,6 +131,13 @@ options:
         (e.g. a worker after its head was recreated).
     type: bool
     default: false
+  wait_ready:
+    description:
+      - Wait for C(Ray runtime started) after a (re)start. With V(false) the module returns once the container
+        runs; M(dgx_spark.vllm.ray_cluster_wait) then follows the head, and fails at once when its container stops
+        or restarts (the ray_cluster role starts the workers sooner this way).
+    type: bool
+    default: true
   start_timeout:
     description:
       - Seconds to wait for C(Ray runtime started) after a (re)start.
@@ -297,7 +304,8 @@ class RayNode:
             kwargs = _ray.create_kwargs(config, self.p["name"], digest, docker_types)
             container = self.docker(client.containers.create, **kwargs)
             self.docker(container.start)
-        self.wait_ready(container)
+        if self.p["wait_ready"]:
+            self.wait_ready(container)
         self.result["container"] = self.summary(container)
 
     def wait_ready(self, container):
@@ -379,6 +387,7 @@ def main():
         ),
         labels=dict(type="dict", default={}),
         force_restart=dict(type="bool", default=False),
+        wait_ready=dict(type="bool", default=True),
         start_timeout=dict(type="int", default=120),
         log_lines=dict(type="int", default=40),
     )

@@ -158,3 +158,23 @@ def test_watch_passes_the_expectation_to_one_exec(monkeypatch, head):
     failed, res = run_module(monkeypatch, ray_cluster_wait, dict(args, watch=0))
     assert not failed, res
     assert seen == [["python3", "-c", _ray.RAY_QUERY, "7"]]
+
+
+def test_head_restarting_while_waited_for_fails_with_its_log(monkeypatch, head):
+    # The restart policy brings a crashing Ray back: each restart bumps RestartCount, never "exited".
+    head.attrs["RestartCount"] = 2
+
+    def crash_loop(_cmd, **_kwargs):
+        head.attrs["RestartCount"] += 1
+        return FakeExecResult(1, fixture_text("ray", "query_no_ray.stderr").encode())
+
+    head.exec_handler = crash_loop
+    failed, res = run_module(
+        monkeypatch,
+        ray_cluster_wait,
+        dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, timeout=300, interval=0.25),
+    )
+    assert failed
+    assert "the head container ray-head restarted: Ray exited in it" in res["msg"]
+    assert head.clock.now < 1.0
+    assert "Ray runtime started" in res["head_log"]

@@ -184,3 +184,14 @@ def test_worker_waiting_for_its_head_says_so(monkeypatch, client):
         monkeypatch, ray_node, dict(RECORDED_ARGS, name="other-head", image="plain:1", start_timeout=0)
     )
     assert failed and "never answered" not in res["msg"]
+
+
+def test_without_wait_ready_returns_once_the_container_runs(monkeypatch, client):
+    # The recorded log of a worker still retrying its GCS: with the wait it would fail at once (timeout 0).
+    client.containers.log_for_new = fixture_text("docker", "container_worker_no_gcs.log").encode()
+    args = dict(RECORDED_ARGS, image="plain:1", start_timeout=0, wait_ready=False)
+    failed, res = run_module(monkeypatch, ray_node, args)
+    assert not failed, res
+    assert res["actions"] == ["created"] and "ready_seconds" not in res
+    failed, res = run_module(monkeypatch, ray_node, dict(args, name="waited", wait_ready=True))
+    assert failed and "no 'Ray runtime started' within 0s" in res["msg"]
