@@ -26,6 +26,7 @@ __all__ = [
     "DockerException",
     "ImageNotFound",
     "NotFound",
+    "connect",
     "docker_client",
 ]
 
@@ -70,3 +71,13 @@ def log_tail(container, lines):
     except DockerException as exc:
         return "(log not readable: %s)" % exc
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def connect(host, timeout):
+    """A client for an engine by address; ssh:// goes through the ssh binary (no paramiko needed on nodes)."""
+    kwargs = {"base_url": host, "timeout": timeout}
+    if host.startswith("ssh://"):
+        kwargs["use_ssh_client"] = True
+    client = docker.DockerClient(**kwargs)
+    client.ping()
+    return client

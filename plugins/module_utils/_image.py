@@ -14,10 +14,8 @@ import tarfile
 import uuid
 
 try:
-    import docker
     from docker.errors import DockerException, ImageNotFound, NotFound
 except ImportError:  # pragma: no cover - _docker.docker_client reports the missing library
-    docker = None
     DockerException = ImageNotFound = NotFound = Exception
 
 INPUTS_LABEL = "dgx_spark.vllm.inputs"
@@ -311,16 +309,6 @@ def missing_donor_paths(client, donor, paths):
     finally:
         container.remove(force=True)
     return missing
-
-
-def connect(host, timeout):
-    """A client for a peer's engine; ssh:// goes through the ssh binary (no paramiko needed on nodes)."""
-    kwargs = {"base_url": host, "timeout": timeout}
-    if host.startswith("ssh://"):
-        kwargs["use_ssh_client"] = True
-    client = docker.DockerClient(**kwargs)
-    client.ping()
-    return client
 
 
 class _Counter:

@@ -69,6 +69,28 @@ options:
       - The wait may overrun O(timeout) by up to this much.
     type: float
     default: 5.0
+  workers:
+    description:
+      - The workers' Ray containers, watched from here through each worker's Docker engine (C(ssh://) goes through
+        the ssh binary and the head's node-to-node key). A worker container that exits or restarts while waited
+        for (Ray exited in it) stops the wait at once, naming the worker, with its log.
+      - An engine that cannot be reached is reported in RV(worker_engines) and only the join is waited for.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      host:
+        description: Inventory hostname (used in messages).
+        type: str
+        required: true
+      docker_host:
+        description: The worker's Docker engine, e.g. C(ssh://root@198.18.100.12).
+        type: str
+        required: true
+      container:
+        description: The worker's Ray container.
+        type: str
+        default: ray-worker
   python:
     description: Python interpreter inside the head container.
     type: str
@@ -91,6 +113,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+worker_engines:
+  description: For each worker in O(workers), C(watched) or why its engine could not be watched.
+  returned: always
+  type: dict
+  sample: {"spark-2": "watched"}
 nodes:
   description: Alive Ray nodes at the end (IP, hostname, GPUs).
   returned: always
@@ -131,6 +158,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     DockerException,
+    connect,
     docker_client,
     find_container,
     log_tail,
@@ -146,6 +174,9 @@ class ClusterWait:
         self.alive = []
         self.error = None
         self.restarts = 0
+        self.engines = {}
+        self.watched = []
+        self.worker_log = ""
 
     def run(self):
         ips = [n["ip"] for n in self.p["expected_nodes"]]
@@ -164,6 +195,7 @@ class ClusterWait:
                 **self.empty(),
             )
         self.restarts = container.attrs.get("RestartCount", 0)
+        self.watch_workers()
         res = wait_for(lambda: self.poll(container), self.p["timeout"], self.p["interval"])
         out = dict(
             changed=False,
@@ -173,6 +205,7 @@ class ClusterWait:
             missing=self.summary["missing"] if self.summary else self.all_missing(),
             elapsed=round(res.elapsed, 2),
             progress=res.progress,
+            worker_engines=self.engines,
         )
         if res.ok:
             self.module.exit_json(**out)
@@ -189,6 +222,7 @@ class ClusterWait:
         if container.attrs.get("RestartCount", 0) > self.restarts:
             # The restart policy hides a Ray that exits: a restart while waiting is a failure.
             raise StopWaiting("the head container %s restarted: Ray exited in it" % self.p["container"])
+        self.check_workers()
         argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
         if self.p["watch"] > 0:
             # One exec watches for up to `watch` seconds: the join is seen within 0.1 s, not a fresh
@@ -211,11 +245,42 @@ class ClusterWait:
         done, self.summary = _ray.compare(state, self.p["expected_nodes"], self.p["expected_gpus"])
         return done, _ray.progress_line(self.summary)
 
+    def watch_workers(self):
+        """Connect to each worker's engine; note the Ray container's restart count to compare against."""
+        for worker in self.p["workers"]:
+            try:
+                client = connect(worker["docker_host"], self.p["docker_timeout"])
+                found = client.containers.get(worker["container"])
+            except DockerException as exc:
+                self.engines[worker["host"]] = "not watched: %s" % str(exc).strip()[:200]
+                continue
+            self.watched.append((worker, found, found.attrs.get("RestartCount", 0)))
+            self.engines[worker["host"]] = "watched"
+
+    def check_workers(self):
+        for worker, found, restarts in self.watched:
+            try:
+                found.reload()
+            except DockerException:
+                continue  # the join decides; an engine that stops answering is not Ray's failure
+            if found.status in ("exited", "dead") or found.attrs.get("RestartCount", 0) > restarts:
+                self.worker_log = "--- %s %s log:\n%s" % (
+                    worker["host"],
+                    worker["container"],
+                    log_tail(found, self.p["log_lines"]),
+                )
+                raise StopWaiting(
+                    "the Ray container %s on %s %s: Ray exited in it"
+                    % (worker["container"], worker["host"], "restarted" if found.status == "running" else found.status)
+                )
+
     def all_missing(self):
         return [{"host": n["host"], "ip": n["ip"]} for n in self.p["expected_nodes"]]
 
     def empty(self):
-        return dict(nodes=[], alive_nodes=0, gpus=0.0, missing=self.all_missing(), elapsed=0.0, progress=[])
+        return dict(
+            nodes=[], alive_nodes=0, gpus=0.0, missing=self.all_missing(), elapsed=0.0, progress=[], worker_engines={}
+        )
 
     def failure_message(self, res):
         if res.stopped:
@@ -223,7 +288,11 @@ class ClusterWait:
         else:
             head = "The Ray cluster was not complete after %ss." % self.p["timeout"]
         if self.summary is None:
-            return "%s The head never answered a query (last error: %s)." % (head, self.error)
+            never = "%s The head never answered a query%s." % (
+                head,
+                " (last error: %s)" % self.error if self.error else " before that",
+            )
+            return never + ("\n" + self.worker_log if self.worker_log else "")
         parts = [head, "Last seen: %s." % _ray.progress_line(self.summary)]
         for node in self.summary["missing"]:
             parts.append(
@@ -239,6 +308,8 @@ class ClusterWait:
             )
         if self.error:
             parts.append("Last query error: %s." % self.error)
+        if self.worker_log:
+            parts.append("\n" + self.worker_log)
         return " ".join(parts)
 
 
@@ -256,6 +327,16 @@ def main():
         interval=dict(type="float", default=1.0),
         poll_timeout=dict(type="int", default=10),
         watch=dict(type="float", default=5.0),
+        workers=dict(
+            type="list",
+            elements="dict",
+            default=[],
+            options=dict(
+                host=dict(type="str", required=True),
+                docker_host=dict(type="str", required=True),
+                container=dict(type="str", default="ray-worker"),
+            ),
+        ),
         python=dict(type="str", default="python3"),
         log_lines=dict(type="int", default=40),
     )

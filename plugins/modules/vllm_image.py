@@ -308,7 +308,7 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, docker_client
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, connect, docker_client
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
     INPUTS_LABEL,
     VERIFY_SCRIPT,
@@ -316,7 +316,6 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
     ImageError,
     build_image,
     canonical_hash,
-    connect,
     evaluate,
     graft_context,
     graft_dockerfile,

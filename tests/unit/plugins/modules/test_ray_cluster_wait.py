@@ -178,3 +178,73 @@ def test_head_restarting_while_waited_for_fails_with_its_log(monkeypatch, head):
     assert "the head container ray-head restarted: Ray exited in it" in res["msg"]
     assert head.clock.now < 1.0
     assert "Ray runtime started" in res["head_log"]
+
+
+WORKERS = [{"host": "spark-2", "docker_host": "ssh://root@192.0.2.3", "container": "ray-worker"}]
+
+
+def worker_engine(monkeypatch, status="running"):
+    """spark-2's engine, reached by ssh:// from the head, holding its Ray container (recorded inspect)."""
+    engine = FakeClient()
+    attrs = inspect("container_ray_head.json")
+    attrs["Name"] = "/ray-worker"
+    attrs["State"]["Status"] = status
+    container = engine.containers.add(FakeContainer(attrs, log=b"Local node IP: 192.0.2.3\n"))
+    monkeypatch.setattr(ray_cluster_wait, "connect", lambda host, _timeout: {"ssh://root@192.0.2.3": engine}[host])
+    return container
+
+
+def test_a_worker_container_exiting_stops_the_wait_naming_it(monkeypatch, head):
+    worker = worker_engine(monkeypatch)
+    polls = []
+
+    def still_one_node(_cmd, **_kwargs):
+        polls.append(1)
+        if len(polls) == 2:
+            worker.attrs["State"]["Status"] = "exited"
+        return FakeExecResult(0, (json.dumps(recorded("nodes_head_only.json")) + "\n").encode())
+
+    head.exec_handler = still_one_node
+    failed, res = run_module(
+        monkeypatch,
+        ray_cluster_wait,
+        dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, workers=WORKERS, timeout=300),
+    )
+    assert failed
+    assert "the Ray container ray-worker on spark-2 exited: Ray exited in it" in res["msg"]
+    assert "--- spark-2 ray-worker log:\nLocal node IP: 192.0.2.3" in res["msg"]
+    assert res["worker_engines"] == {"spark-2": "watched"}
+    assert head.clock.now < 5
+
+
+def test_a_worker_container_restarting_stops_the_wait(monkeypatch, head):
+    worker = worker_engine(monkeypatch)
+    worker.attrs["RestartCount"] = 0
+
+    def restart(_cmd, **_kwargs):
+        worker.attrs["RestartCount"] += 1
+        return FakeExecResult(0, (json.dumps(recorded("nodes_head_only.json")) + "\n").encode())
+
+    head.exec_handler = restart
+    failed, res = run_module(
+        monkeypatch,
+        ray_cluster_wait,
+        dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, workers=WORKERS, timeout=300),
+    )
+    assert failed and "the Ray container ray-worker on spark-2 restarted" in res["msg"]
+
+
+def test_an_unreachable_worker_engine_is_reported_and_the_join_still_decides(monkeypatch, head):
+    def refuse(host, _timeout):
+        raise ray_cluster_wait.DockerException("ssh: connect to host 192.0.2.3 port 22: Connection refused")
+
+    monkeypatch.setattr(ray_cluster_wait, "connect", refuse)
+    answers(head, [recorded("nodes_head_only.json"), recorded("nodes_two_alive.json")])
+    failed, res = run_module(
+        monkeypatch,
+        ray_cluster_wait,
+        dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, workers=WORKERS),
+    )
+    assert not failed, res
+    assert res["worker_engines"]["spark-2"].startswith("not watched: ssh: connect to host 192.0.2.3")
+    assert res["alive_nodes"] == 2
