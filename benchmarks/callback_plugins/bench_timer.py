@@ -59,9 +59,6 @@ class CallbackModule(CallbackBase):
         self.tasks = []
         self.open = {}
 
-    def _key(self, result):
-        return (result._task._uuid, result._host.get_name())
-
     def v2_runner_on_start(self, host, task):
         self.open[(task._uuid, host.get_name())] = time.time()
 
@@ -72,10 +69,9 @@ class CallbackModule(CallbackBase):
         res = result._result
         delegated = (res.get("_ansible_delegated_vars") or {}).get("ansible_host")
         remote = task.action not in CONTROLLER_ONLY and delegated not in ("localhost", "127.0.0.1")
-        items = len(res["results"]) if isinstance(res.get("results"), list) else 1
+        items = 1
         if isinstance(res.get("results"), list):
-            ran = [r for r in res["results"] if not r.get("skipped")]
-            items = len(ran)
+            items = len([r for r in res["results"] if not r.get("skipped")])
         self.tasks.append(
             dict(
                 task=task.get_name(),

@@ -39,6 +39,7 @@ _raw:
   elements: str
 """
 
+import functools
 import glob
 import hashlib
 import json
@@ -50,6 +51,7 @@ from ansible.plugins.lookup import LookupBase
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@functools.cache
 def collection_version():
     """This collection's version (galaxy.yml in a checkout, MANIFEST.json when installed): new code, new digest."""
     manifest = os.path.join(COLLECTION_ROOT, "MANIFEST.json")

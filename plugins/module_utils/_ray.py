@@ -22,7 +22,6 @@ Every `ray start` flag emitted here was checked against Ray's own CLI
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import ipaddress
 import json
@@ -31,12 +30,6 @@ HASH_LABEL = "dgx_spark.vllm.config_hash"
 ROLE_LABEL = "dgx_spark.vllm.ray_role"
 # `ray start` prints this line once the node's processes are up, head and worker alike.
 READY_MARK = "Ray runtime started"
-# A raylet logs this line in its session's raylet.out once the GCS has registered it (Ray 2.x,
-# raylet.cc); `ray start` prints READY_MARK about a second later. The script prints the file's mtime
-# when the line is there, so a previous session's file (a restarted container) is not taken for it.
-REGISTERED_SCRIPT = (
-    'f=/tmp/ray/session_latest/logs/raylet.out; grep -qs "Raylet of id" "$f" && stat -c %Y "$(readlink -f "$f")"'
-)
 # A worker's `ray start --address` logs these while the head's GCS does not answer yet (it keeps
 # retrying: 20 tries of about 40 s each in Ray 2.60).
 GCS_UNREACHABLE_MARKS = ("Failed to connect to GCS", "Failed to get cluster ID from GCS")
@@ -292,20 +285,11 @@ def progress_line(summary):
     return text
 
 
-def started_epoch(started_at):
-    """Docker's State.StartedAt ('2026-11-29T20:45:06.123456789Z') as whole epoch seconds, or None."""
-    try:
-        stamp = datetime.datetime.strptime(started_at[:19], "%Y-%m-%dT%H:%M:%S")
-    except (TypeError, ValueError):
-        return None
-    return int(stamp.replace(tzinfo=datetime.UTC).timestamp())
-
-
-def registered_since(output, exit_code, started):
-    """True when REGISTERED_SCRIPT found the line in a raylet.out written since the container started."""
-    if exit_code != 0 or started is None:
-        return False
-    try:
-        return int(output.strip().splitlines()[-1]) >= started
-    except (ValueError, IndexError):
-        return False
+def ray_exited(container, restarts):
+    """How a Ray container shows Ray exited in it: its status when not running, "restarted" when its
+    restart count grew past `restarts` (a restart policy hides the exit), else None."""
+    if container.status != "running":
+        return container.status
+    if container.attrs.get("RestartCount", 0) > restarts:
+        return "restarted"
+    return None

@@ -14,10 +14,12 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import HAS_DOCKER, DockerException
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import HAS_DOCKER, DockerException, connect
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import image_id
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._model import manifest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import C_LOCALE, IpRoute
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._nvidia_smi import (
@@ -27,9 +29,6 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._nvidia_smi import 
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._ping import HEADERS, RailPinger
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text
-
-if HAS_DOCKER:
-    import docker
 
 RECORD_VERSION = 1
 # GPU fields that stay put while a node serves (clocks, memory use and pstate move).
@@ -69,27 +68,31 @@ class LiveState:
         self.module = module
         self._ip = None
         self._docker = {}
+        self._lock = threading.Lock()  # the stages' checks run at once and share these clients
         self.seconds = {}  # per check, for the report
 
     @property
     def ip(self):
-        if self._ip is None:
-            self._ip = IpRoute(self.module)
+        with self._lock:
+            if self._ip is None:
+                self._ip = IpRoute(self.module)
         return self._ip
 
     def docker(self, host):
         """(client, None) or (None, why)."""
+        with self._lock:
+            self._connect(host)
+        return self._docker[host]
+
+    def _connect(self, host):
         if host not in self._docker:
             if not HAS_DOCKER:
                 self._docker[host] = (None, "the Docker SDK for Python is not installed")
             else:
                 try:
-                    client = docker.DockerClient(base_url=host, timeout=30)
-                    client.ping()
-                    self._docker[host] = (client, None)
+                    self._docker[host] = (connect(host, 30), None)
                 except DockerException as exc:
                     self._docker[host] = (None, "the Docker engine at %s does not answer (%s)" % (host, exc))
-        return self._docker[host]
 
     def read(self, checks):
         fingerprint = {}
@@ -201,12 +204,10 @@ class LiveState:
         client, why = self.docker(spec["docker_host"])
         if why:
             return None, [why]
-        ids = {}
-        for ref in spec["refs"]:
-            try:
-                ids[ref] = client.images.get(ref).id
-            except DockerException:
-                ids[ref] = None
+        try:
+            ids = {ref: image_id(client, ref) for ref in spec["refs"]}
+        except DockerException as exc:
+            return None, ["the Docker engine at %s failed to answer (%s)" % (spec["docker_host"], exc)]
         return ids, ["image %s is missing" % ref for ref, found in ids.items() if found is None]
 
     def check_model(self, spec):
@@ -277,3 +278,7 @@ def record(module, path, stages):
         updated[stage["name"]] = dict(inputs=stage["inputs"], fingerprint=fingerprint, facts=stage.get("facts") or {})
         done.append(stage["name"])
     return done, skipped, updated != current, dump_record(updated)
+
+
+# The checks a stage may name: one per LiveState.check_<name>.
+CHECK_KEYS = frozenset(name[len("check_") :] for name in vars(LiveState) if name.startswith("check_"))

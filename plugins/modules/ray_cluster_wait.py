@@ -174,6 +174,7 @@ class ClusterWait:
         self.alive = []
         self.error = None
         self.restarts = 0
+        self.query_argv = []
         self.engines = {}
         self.watched = []
         self.worker_log = ""
@@ -195,6 +196,11 @@ class ClusterWait:
                 **self.empty(),
             )
         self.restarts = container.attrs.get("RestartCount", 0)
+        self.query_argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
+        if self.p["watch"] > 0:
+            # One exec watches for up to `watch` seconds: the join is seen within 0.1 s, not a fresh
+            # `import ray` later.
+            self.query_argv += [str(self.p["watch"]), json.dumps(sorted(ips)), str(float(self.p["expected_gpus"]))]
         self.watch_workers()
         res = wait_for(lambda: self.poll(container), self.p["timeout"], self.p["interval"])
         out = dict(
@@ -217,20 +223,14 @@ class ClusterWait:
             container.reload()
         except DockerException as exc:
             raise StopWaiting("the head's Docker engine stopped answering: %s" % exc) from exc
-        if container.status != "running":
-            raise StopWaiting("the head container %s is %s" % (self.p["container"], container.status))
-        if container.attrs.get("RestartCount", 0) > self.restarts:
-            # The restart policy hides a Ray that exits: a restart while waiting is a failure.
+        gone = _ray.ray_exited(container, self.restarts)
+        if gone == "restarted":
             raise StopWaiting("the head container %s restarted: Ray exited in it" % self.p["container"])
+        if gone:
+            raise StopWaiting("the head container %s is %s" % (self.p["container"], gone))
         self.check_workers()
-        argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
-        if self.p["watch"] > 0:
-            # One exec watches for up to `watch` seconds: the join is seen within 0.1 s, not a fresh
-            # `import ray` later.
-            ips = sorted(n["ip"] for n in self.p["expected_nodes"])
-            argv += [str(self.p["watch"]), json.dumps(ips), str(float(self.p["expected_gpus"]))]
         try:
-            result = container.exec_run(argv)
+            result = container.exec_run(self.query_argv)
         except DockerException as exc:
             raise StopWaiting("docker exec in %s failed: %s" % (self.p["container"], exc)) from exc
         text = result.output.decode("utf-8", "replace") if isinstance(result.output, bytes) else str(result.output)
@@ -263,15 +263,15 @@ class ClusterWait:
                 found.reload()
             except DockerException:
                 continue  # the join decides; an engine that stops answering is not Ray's failure
-            if found.status in ("exited", "dead") or found.attrs.get("RestartCount", 0) > restarts:
+            gone = _ray.ray_exited(found, restarts)
+            if gone in ("exited", "dead", "restarted"):
                 self.worker_log = "--- %s %s log:\n%s" % (
                     worker["host"],
                     worker["container"],
                     log_tail(found, self.p["log_lines"]),
                 )
                 raise StopWaiting(
-                    "the Ray container %s on %s %s: Ray exited in it"
-                    % (worker["container"], worker["host"], "restarted" if found.status == "running" else found.status)
+                    "the Ray container %s on %s %s: Ray exited in it" % (worker["container"], worker["host"], gone)
                 )
 
     def all_missing(self):

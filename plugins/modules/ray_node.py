@@ -17,9 +17,8 @@ description:
     only when O(gpus) is above 0; RDMA devices and C(IPC_LOCK) only when O(rdma_devices) is given.
   - Idempotent by a label holding a hash of the container configuration (image ID included),
     unchanged and running is left alone, changed is recreated, stopped is started.
-  - After a (re)start the module waits for Ray's "Ray runtime started" line (for a worker, or its raylet's
-    registration with the head's GCS in this container's session, whichever comes first) and fails early,
-    with the container log, when the container exits instead.
+  - After a (re)start the module waits for Ray's "Ray runtime started" line and fails early, with the
+    container log, when the container exits instead.
   - A worker may be started before or together with its head; its C(ray start --address) keeps retrying
     the head's GCS (for minutes), and the wait covers that; a timeout says when the GCS never answered.
 version_added: 0.1.0
@@ -212,13 +211,6 @@ ready_seconds:
   description: Seconds until Ray reported it started (after a (re)start only).
   returned: when the container was (re)started
   type: float
-ready_by:
-  description:
-    - What showed Ray up, C(start line) (C(Ray runtime started) in the log) or, for a worker, C(raylet registered)
-      (its raylet's registration with the head's GCS, about a second before the start line).
-  returned: when the container was (re)started and waited for
-  type: str
-  sample: raylet registered
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -316,42 +308,31 @@ class RayNode:
             self.wait_ready(container)
         self.result["container"] = self.summary(container)
 
-    def registered(self, container):
-        """A worker's raylet registered with the GCS in this container's session (before `ray start` says so)."""
-        try:
-            res = container.exec_run(["sh", "-c", _ray.REGISTERED_SCRIPT])
-        except DockerException:
-            return False
-        output = res.output.decode("utf-8", "replace") if isinstance(res.output, bytes) else str(res.output)
-        started = _ray.started_epoch((container.attrs.get("State") or {}).get("StartedAt"))
-        return _ray.registered_since(output, res.exit_code, started)
-
     def wait_ready(self, container):
         def check():
             container.reload()
             if container.status in ("exited", "dead", "restarting"):
                 raise StopWaiting("container %s" % container.status, state=container.status)
-            if _ray.READY_MARK in log_tail(container, 200):
-                self.result["ready_by"] = "start line"
-                return True, container.status
-            # A worker is in the cluster once its raylet is registered: about a second sooner.
-            if self.p["role"] == "worker" and self.registered(container):
-                self.result["ready_by"] = "raylet registered"
-                return True, container.status
-            return False, container.status
+            return _ray.READY_MARK in log_tail(container, 200), container.status
 
         # Reading the log tail is cheap: poll often, so the node's join is reported promptly.
         res = wait_for(check, self.p["start_timeout"], interval=0.25)
         self.result["ready_seconds"] = round(res.elapsed, 2)
         if not res.ok:
             why = res.stopped or "no '%s' within %ss" % (_ray.READY_MARK, self.p["start_timeout"])
-            if self.p["role"] == "worker" and _ray.waiting_for_gcs(log_tail(container, 200)):
+            tail = log_tail(container, max(200, self.p["log_lines"]))
+            if self.p["role"] == "worker" and _ray.waiting_for_gcs(tail):
                 why += "; the head's GCS at %s never answered: is the Ray head up, and the fabric path to it open?" % (
                     _ray.head_address(self.p)
                 )
             self.module.fail_json(
                 msg="Ray did not start in container %s (%s). %s. Log tail:\n%s"
-                % (self.p["name"], why, self.result["entrypoint"], log_tail(container, self.p["log_lines"])),
+                % (
+                    self.p["name"],
+                    why,
+                    self.result["entrypoint"],
+                    "\n".join(tail.splitlines()[-self.p["log_lines"] :]),
+                ),
                 **self.result,
             )
 

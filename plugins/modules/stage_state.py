@@ -122,26 +122,8 @@ first_run:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import probe, record
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import CHECK_KEYS, probe, record
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import write_text
-
-CHECK_KEYS = frozenset(
-    (
-        "python",
-        "disk",
-        "directories",
-        "packages",
-        "docker",
-        "ssh",
-        "boot",
-        "gpus",
-        "files",
-        "interfaces",
-        "ping",
-        "images",
-        "model",
-    )
-)
 
 
 def main():

@@ -330,6 +330,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
     stream_image,
     tree_hash,
 )
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text, write_text
 
 # Docker's reference grammar, simplified: lower-case path components, optional tag and digest.
 IMAGE_REFERENCE = re.compile(
@@ -429,23 +430,15 @@ class ImageManager:
         return causes
 
     def read_records(self):
-        path = self.p["verified_record"]
-        if not path or not os.path.isfile(path):
-            return {}
+        text = read_text(self.p["verified_record"]) if self.p["verified_record"] else None
         try:
-            with open(path, encoding="utf-8") as handle:
-                records = json.load(handle)
-        except (OSError, ValueError):
+            records = json.loads(text) if text else {}
+        except ValueError:
             return {}  # unreadable: verify again, and rewrite it
         return records if isinstance(records, dict) else {}
 
     def write_records(self, records):
-        path = self.p["verified_record"]
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(records, handle, sort_keys=True)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        write_text(self.module, self.p["verified_record"], json.dumps(records, sort_keys=True), "0600")
 
     def promote(self):
         tag = self.p["in_service_tag"]

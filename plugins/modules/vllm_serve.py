@@ -230,6 +230,8 @@ STATUS = (
     "print(json.dumps({'state': state, 'alive': alive}))\n"
 )
 SIGNAL = "import os, sys\nos.killpg(int(sys.argv[1]), int(sys.argv[2]))\n"
+# Seconds a running server's /health may stay silent before it counts as unhealthy.
+HEALTH_SETTLE_S = 4.0
 
 
 class VllmServe:
@@ -437,7 +439,7 @@ class VllmServe:
         )
         return resp.getcode(), resp.read()
 
-    def health_once(self, settle=4.0):
+    def health_once(self):
         """Whether the running server is healthy. An HTTP answer decides at once (503: the engine is
         dead); no answer in time is asked again for a few seconds, so that one slow reply never
         restarts a 119 GB load."""
@@ -451,7 +453,7 @@ class VllmServe:
                 return False, None
             return True, code
 
-        result = wait_for(answered, settle, interval=1.0)
+        result = wait_for(answered, HEALTH_SETTLE_S, interval=1.0)
         return result.ok and result.last == 200
 
     def wait_health(self):

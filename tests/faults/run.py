@@ -38,12 +38,10 @@ def after_line(marker, delay, label):
     return hook
 
 
-def serving():
-    ok, text = lab.completion()
-    return ok, text
+serving = lab.completion
 
 
-def repaired_by_reconverge(inject, check_broken=None, via="reconverge"):
+def repaired_by_reconverge(inject, via="reconverge"):
     """Inject a fault while serving, then one re-convergence must restore a serving endpoint with
     model files and the in-service image intact."""
     before = lab.snapshots()
@@ -51,7 +49,6 @@ def repaired_by_reconverge(inject, check_broken=None, via="reconverge"):
     if not ok:
         return False, "not serving before the fault: %s" % text
     what = inject(before)
-    broken = check_broken() if check_broken else ""
     if via == "reconverge":
         res = lab.reconverge(REPORTS, timeout=REPAIR_BOUND)
         ran = "reconverge exit %s in %ss" % (res.rc, res.seconds)
@@ -65,9 +62,8 @@ def repaired_by_reconverge(inject, check_broken=None, via="reconverge"):
     ok, text = serving()
     after = lab.snapshots()
     damage = lab.intact(before, after)
-    observed = "%s%s; %s; completion %s; %s" % (
+    observed = "%s; %s; completion %s; %s" % (
         what,
-        "; " + broken if broken else "",
         ran,
         "ok" if ok else "FAILED (%s)" % text,
         damage or "model+image intact",
@@ -127,7 +123,7 @@ def case_interrupted(suite, fresh):
                     failure[1],
                     failure[0],
                 )
-            if previous:
+            if previous and got_there:
                 observed += "; passed the stage the previous run was killed in (%s)" % previous
             return got_there, observed
 
@@ -182,6 +178,58 @@ def case_worker_unreachable(suite):
     suite.case("worker-unreachable-before-ray/next-run", "next deploy serves; data intact", repair)
 
 
+def case_worker_ray_dies_while_joining(suite):
+    """The worker's Ray container dies while the head waits for it: the wait stops at once, naming the
+    worker, instead of running out its timeout."""
+
+    def body():
+        res = lab.playbook(os.path.join(lab.ROOT, "playbooks", "teardown.yml"), timeout=120)
+        if res.rc != 0:
+            return False, "teardown before the deploy failed: exit %s" % res.rc
+        before = lab.snapshots()
+
+        def kill(line, _proc):
+            # The worker's container was just created; its Ray has not joined yet.
+            if "TASK [dgx_spark.vllm.ray_cluster : Wait for the expected Ray nodes and GPUs]" in line:
+                lab.node(lab.WORKER, "docker", "kill", "ray-worker", check=False)
+
+        res = lab.deploy(timeout=FAIL_BOUND + 30, on_line=kill)
+        play, failed_host, line = lab.first_failure(res)
+        # The head's wait names the worker; the worker, stopped by any_errors_fatal, points to it.
+        named = [x for x in res.lines if x.startswith("fatal: [") and "ray-worker on %s" % lab.WORKER in x]
+        observed = "exit %s in %ss; failed in %s (last: %s); named by: %s" % (
+            res.rc,
+            res.seconds,
+            play,
+            failed_host,
+            named[0][: named[0].index("]") + 1] if named else "NO failure names it (%s)" % line[:200],
+        )
+        damage = lab.intact(before, lab.snapshots())
+        ok = res.rc != 0 and not res.timed_out and res.seconds <= FAIL_BOUND and play == "Ray cluster" and bool(named)
+        return ok and not damage, observed + "; " + (damage or "model+image intact")
+
+    suite.case(
+        "worker-ray-dies-while-joining",
+        "deploy fails <%ss in Ray cluster naming ray-worker on %s" % (FAIL_BOUND, lab.WORKER),
+        body,
+    )
+
+    def repair():
+        before = lab.snapshots()
+        res = lab.deploy(timeout=REPAIR_BOUND)
+        ok, text = serving()
+        damage = lab.intact(before, lab.snapshots())
+        observed = "deploy exit %s in %ss; completion %s; %s" % (
+            res.rc,
+            res.seconds,
+            "ok" if ok else "FAILED (%s)" % text,
+            damage or "model+image intact",
+        )
+        return res.rc == 0 and ok and not damage, observed
+
+    suite.case("worker-ray-dies-while-joining/next-run", "next deploy serves; data intact", repair)
+
+
 def case_ray_killed(suite, case, host, container):
     def inject(_before):
         lab.node(host, "docker", "kill", container)
@@ -199,7 +247,9 @@ def case_vllm_killed(suite):
         if not pid:
             raise RuntimeError("no vllm serve pid in the head's state file")
         lab.node(lab.HEAD, "docker", "exec", "ray-head", "python3", "-c", "import os; os.kill(%d, 9)" % pid)
-        time.sleep(1)
+        # Gone once reaped (or a zombie): then the endpoint's state is the fault's, not a race.
+        gone = "while [ -e /proc/%d ] && ! grep -q ') Z' /proc/%d/stat; do sleep 0.1; done" % (pid, pid)
+        lab.node(lab.HEAD, "docker", "exec", "ray-head", "sh", "-c", gone)
         ok, _text = serving()
         return "SIGKILL vllm serve pid %s; completion right after: %s" % (pid, "ok" if ok else "failed")
 
@@ -405,6 +455,7 @@ def body(suite, args, fresh):
     cases = [
         ("interrupted", lambda: case_interrupted(suite, fresh)),
         ("unreachable", lambda: case_worker_unreachable(suite)),
+        ("joining", lambda: case_worker_ray_dies_while_joining(suite)),
         ("worker-ray", lambda: case_ray_killed(suite, "worker-ray-container-killed", lab.WORKER, "ray-worker")),
         ("head-ray", lambda: case_ray_killed(suite, "head-ray-container-killed", lab.HEAD, "ray-head")),
         ("vllm", lambda: case_vllm_killed(suite)),

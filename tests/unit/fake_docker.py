@@ -96,8 +96,6 @@ class FakeContainers:
         self.template = template
         self.log_for_new = b"Ray runtime started.\n"
         self.status_after_start = "running"
-        # exec_run handler given to created containers (None: exec is not expected).
-        self.exec_for_new = None
 
     def add(self, container):
         container.client = self.client
@@ -120,7 +118,6 @@ class FakeContainers:
         attrs["State"]["Status"] = "created"
         container = FakeContainer(attrs, log=self.log_for_new)
         container.status_after_start = self.status_after_start
-        container.exec_handler = self.exec_for_new
         return self.add(container)
 
 

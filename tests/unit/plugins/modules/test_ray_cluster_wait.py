@@ -183,25 +183,35 @@ def test_head_restarting_while_waited_for_fails_with_its_log(monkeypatch, head):
 WORKERS = [{"host": "spark-2", "docker_host": "ssh://root@192.0.2.3", "container": "ray-worker"}]
 
 
-def worker_engine(monkeypatch, status="running"):
+def worker_engine(monkeypatch):
     """spark-2's engine, reached by ssh:// from the head, holding its Ray container (recorded inspect)."""
     engine = FakeClient()
     attrs = inspect("container_ray_head.json")
     attrs["Name"] = "/ray-worker"
-    attrs["State"]["Status"] = status
+    attrs["RestartCount"] = 0
     container = engine.containers.add(FakeContainer(attrs, log=b"Local node IP: 192.0.2.3\n"))
     monkeypatch.setattr(ray_cluster_wait, "connect", lambda host, _timeout: {"ssh://root@192.0.2.3": engine}[host])
     return container
 
 
-def test_a_worker_container_exiting_stops_the_wait_naming_it(monkeypatch, head):
+def exit_container(worker):
+    worker.attrs["State"]["Status"] = "exited"
+
+
+def restart_container(worker):
+    # The restart policy brings Ray back at once: only the count shows it.
+    worker.attrs["RestartCount"] += 1
+
+
+@pytest.mark.parametrize(("crash", "seen"), [(exit_container, "exited"), (restart_container, "restarted")])
+def test_a_worker_container_exiting_or_restarting_stops_the_wait_naming_it(monkeypatch, head, crash, seen):
     worker = worker_engine(monkeypatch)
     polls = []
 
     def still_one_node(_cmd, **_kwargs):
         polls.append(1)
         if len(polls) == 2:
-            worker.attrs["State"]["Status"] = "exited"
+            crash(worker)
         return FakeExecResult(0, (json.dumps(recorded("nodes_head_only.json")) + "\n").encode())
 
     head.exec_handler = still_one_node
@@ -211,27 +221,10 @@ def test_a_worker_container_exiting_stops_the_wait_naming_it(monkeypatch, head):
         dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, workers=WORKERS, timeout=300),
     )
     assert failed
-    assert "the Ray container ray-worker on spark-2 exited: Ray exited in it" in res["msg"]
+    assert "the Ray container ray-worker on spark-2 %s: Ray exited in it" % seen in res["msg"]
     assert "--- spark-2 ray-worker log:\nLocal node IP: 192.0.2.3" in res["msg"]
     assert res["worker_engines"] == {"spark-2": "watched"}
     assert head.clock.now < 5
-
-
-def test_a_worker_container_restarting_stops_the_wait(monkeypatch, head):
-    worker = worker_engine(monkeypatch)
-    worker.attrs["RestartCount"] = 0
-
-    def restart(_cmd, **_kwargs):
-        worker.attrs["RestartCount"] += 1
-        return FakeExecResult(0, (json.dumps(recorded("nodes_head_only.json")) + "\n").encode())
-
-    head.exec_handler = restart
-    failed, res = run_module(
-        monkeypatch,
-        ray_cluster_wait,
-        dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, workers=WORKERS, timeout=300),
-    )
-    assert failed and "the Ray container ray-worker on spark-2 restarted" in res["msg"]
 
 
 def test_an_unreachable_worker_engine_is_reported_and_the_join_still_decides(monkeypatch, head):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray
 from ansible_collections.dgx_spark.vllm.plugins.modules import ray_node
-from fake_docker import FakeClient, FakeContainer, FakeExecResult, inspect, use_client
+from fake_docker import FakeClient, FakeContainer, inspect, use_client
 from module_runner import fixture_text, run_module
 
 IMAGE = "bringup-test/ray-entrypoint:1"
@@ -174,8 +174,6 @@ def test_absent_removes(monkeypatch, client):
 def test_worker_waiting_for_its_head_says_so(monkeypatch, client):
     # Recorded from Ray 2.60: a worker whose head's GCS does not answer keeps retrying (no exit).
     client.containers.log_for_new = fixture_text("docker", "container_worker_no_gcs.log").encode()
-    # Its raylet has not registered: no raylet.out with the registration line.
-    client.containers.exec_for_new = lambda _cmd, **_kwargs: FakeExecResult(1, b"")
     args = dict(RECORDED_ARGS, role="worker", head_address="198.18.140.11:6390", image="plain:1", start_timeout=0)
     failed, res = run_module(monkeypatch, ray_node, args)
     assert failed
@@ -197,35 +195,3 @@ def test_without_wait_ready_returns_once_the_container_runs(monkeypatch, client)
     assert res["actions"] == ["created"] and "ready_seconds" not in res
     failed, res = run_module(monkeypatch, ray_node, dict(args, name="waited", wait_ready=True))
     assert failed and "no 'Ray runtime started' within 0s" in res["msg"]
-
-
-def test_worker_is_ready_once_its_raylet_registered(monkeypatch, client):
-    # `ray start` prints its start line about a second after the raylet registered with the GCS.
-    client.containers.log_for_new = fixture_text("docker", "container_worker_no_gcs.log").encode()
-    started = _ray.started_epoch(inspect("container_ray_head.json")["State"]["StartedAt"])
-    seen = []
-
-    def raylet_out(cmd, **_kwargs):
-        seen.append(cmd)
-        return FakeExecResult(0, b"%d\n" % (started + 3))
-
-    client.containers.exec_for_new = raylet_out
-    args = dict(RECORDED_ARGS, role="worker", head_address="198.18.140.11", image="plain:1")
-    failed, res = run_module(monkeypatch, ray_node, args)
-    assert not failed, res
-    assert res["ready_by"] == "raylet registered"
-    assert seen[0] == ["sh", "-c", _ray.REGISTERED_SCRIPT]
-
-
-@pytest.mark.parametrize(
-    ("exit_code", "output", "ready"),
-    [
-        (0, "1795980000\n", True),
-        (0, "1795979999\n", False),  # a raylet.out from the container's previous session
-        (1, "", False),  # no registration line yet
-        (0, "garbage", False),
-    ],
-)
-def test_registration_counts_only_since_the_container_started(exit_code, output, ready):
-    assert _ray.registered_since(output, exit_code, 1795980000) is ready
-    assert _ray.started_epoch("2026-11-29T20:45:06.123456789Z") == 1795985106
