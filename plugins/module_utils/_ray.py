@@ -285,11 +285,16 @@ def progress_line(summary):
     return text
 
 
-def ray_exited(container, restarts):
+# A worker left on a head that went away exits once and its restart policy brings it back to the
+# new head; restarting more often than this while waited for is a crash loop.
+WORKER_RESTARTS_TOLERATED = 2
+
+
+def ray_exited(container, restarts, tolerated=0):
     """How a Ray container shows Ray exited in it: its status when not running, "restarted" when its
-    restart count grew past `restarts` (a restart policy hides the exit), else None."""
+    restart count grew past `restarts` + `tolerated` (a restart policy hides the exit), else None."""
     if container.status != "running":
         return container.status
-    if container.attrs.get("RestartCount", 0) > restarts:
+    if container.attrs.get("RestartCount", 0) > restarts + tolerated:
         return "restarted"
     return None

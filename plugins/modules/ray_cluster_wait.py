@@ -72,8 +72,10 @@ options:
   workers:
     description:
       - The workers' Ray containers, watched from here through each worker's Docker engine (C(ssh://) goes through
-        the ssh binary and the head's node-to-node key). A worker container that exits or restarts while waited
-        for (Ray exited in it) stops the wait at once, naming the worker, with its log.
+        the ssh binary and the head's node-to-node key). A worker container that exits, or restarts more than
+        twice while waited for (Ray keeps exiting in it), stops the wait at once, naming the worker, with its log.
+        One or two restarts are let be; a worker left on a head that went away exits once and its restart
+        policy brings it back to the new head.
       - An engine that cannot be reached is reported in RV(worker_engines) and only the join is waited for.
     type: list
     elements: dict
@@ -263,7 +265,7 @@ class ClusterWait:
                 found.reload()
             except DockerException:
                 continue  # the join decides; an engine that stops answering is not Ray's failure
-            gone = _ray.ray_exited(found, restarts)
+            gone = _ray.ray_exited(found, restarts, _ray.WORKER_RESTARTS_TOLERATED)
             if gone in ("exited", "dead", "restarted"):
                 self.worker_log = "--- %s %s log:\n%s" % (
                     worker["host"],

@@ -199,8 +199,8 @@ def exit_container(worker):
 
 
 def restart_container(worker):
-    # The restart policy brings Ray back at once: only the count shows it.
-    worker.attrs["RestartCount"] += 1
+    # A crash loop: the restart policy brings Ray back each time, only the count shows it.
+    worker.attrs["RestartCount"] += 3
 
 
 @pytest.mark.parametrize(("crash", "seen"), [(exit_container, "exited"), (restart_container, "restarted")])
@@ -241,3 +241,25 @@ def test_an_unreachable_worker_engine_is_reported_and_the_join_still_decides(mon
     assert not failed, res
     assert res["worker_engines"]["spark-2"].startswith("not watched: ssh: connect to host 192.0.2.3")
     assert res["alive_nodes"] == 2
+
+
+def test_a_worker_restarting_once_to_join_the_new_head_is_let_be(monkeypatch, head):
+    # Its old head went away: Ray exits once in it and the restart policy brings it to the new head.
+    worker = worker_engine(monkeypatch)
+    polls = []
+
+    def rejoin(_cmd, **_kwargs):
+        polls.append(1)
+        if len(polls) == 2:
+            worker.attrs["RestartCount"] += 1
+        doc = recorded("nodes_head_only.json" if len(polls) < 4 else "nodes_two_alive.json")
+        return FakeExecResult(0, (json.dumps(doc) + "\n").encode())
+
+    head.exec_handler = rejoin
+    failed, res = run_module(
+        monkeypatch,
+        ray_cluster_wait,
+        dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, workers=WORKERS, timeout=300),
+    )
+    assert not failed, res
+    assert res["alive_nodes"] == 2 and res["worker_engines"] == {"spark-2": "watched"}
