@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/build/collections
 MOLECULE := molecule --base-config extensions/molecule/config.yml
 
-.PHONY: venv engine lab deploy lab-down test lint sanity unit standin integration molecule faults clean
+.PHONY: venv engine lab deploy lab-down test lint sanity unit integration molecule faults clean
 
 venv:
 	bash scripts/bootstrap.sh
@@ -28,7 +28,7 @@ lab-down: venv
 	  -e lab_remove_images=$${LAB_REMOVE_IMAGES:-false}
 
 ## Every test: lint, sanity, unit tests, Molecule scenarios on the lab.
-test: venv engine lint sanity unit standin integration molecule faults
+test: venv engine lint sanity unit integration molecule faults
 
 lint: venv
 	ruff check .
@@ -41,14 +41,6 @@ sanity: venv
 
 unit: venv
 	pytest tests/unit
-
-## The lab's stand-in vLLM on its own, against a real local Ray (its own venv: Ray stays off the controller's).
-## Run it while no lab is up: its teardown is `ray stop`, which reaches every Ray process on the machine.
-STANDIN_VENV := build/standin-venv
-standin:
-	test -x $(STANDIN_VENV)/bin/python || python3 -m venv $(STANDIN_VENV)
-	$(STANDIN_VENV)/bin/pip install -q --disable-pip-version-check 'ray>=2.48,<3' 'pytest>=8,<10'
-	$(STANDIN_VENV)/bin/python -m pytest -q -p no:cacheprovider lab/standin_vllm/tests
 
 ## Tests that drive the playbooks against the real Docker engine (no lab needed).
 integration: venv engine

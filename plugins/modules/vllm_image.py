@@ -171,7 +171,7 @@ EXAMPLES = r"""
       base: dgx-spark-lab/runtime-old:latest
       donor: dgx-spark-lab/runtime-donor:latest
       files:
-        - /opt/venv/lib/python3.11/site-packages/vllm/model_executor/models/qwen3_5_moe.py
+        - /opt/venv/lib/python3.11/site-packages/vllm/model_executor/models/qwen3_5.py
       pip_requirements:
         - transformers>=5
       registry:

@@ -11,7 +11,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils import _image
 from module_runner import FIXTURES, fixture_text
 
 ARCH = "Qwen3_5MoeForConditionalGeneration"
-MODEL_FILE = "/opt/venv/lib/python3.11/site-packages/vllm/model_executor/models/qwen3_5_moe.py"
+MODEL_FILE = "/opt/venv/lib/python3.11/site-packages/vllm/model_executor/models/qwen3_5.py"
 
 
 def recorded(name):

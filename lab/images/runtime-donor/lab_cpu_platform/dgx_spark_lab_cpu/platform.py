@@ -1,0 +1,8 @@
+"""LAB-ONLY: see the package docstring."""
+
+from vllm.platforms.cpu import CpuPlatform
+
+
+class LabCpuPlatform(CpuPlatform):
+    # Ray's accelerator key for the fake GPUs each lab node declares.
+    ray_device_key = "GPU"
