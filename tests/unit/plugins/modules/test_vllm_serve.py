@@ -4,18 +4,34 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 from urllib.error import HTTPError
 
 import pytest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _vllm_args, _wait
 from ansible_collections.dgx_spark.vllm.plugins.modules import vllm_serve
+from docker.errors import APIError, ContainerError
 from fake_docker import FakeClient, FakeContainer, FakeExecResult, inspect, use_client
-from module_runner import run_module
+from module_runner import FIXTURES, run_module
 
-# What the real lab engine printed for the installed-parser check when vLLM's CLI module is absent
-# (recorded on the real Docker engine with a throwaway container).
-NO_PARSER = b"ModuleNotFoundError No module named 'vllm'\n"
+# What the flag-asking script printed, run by Debian's python3 on a machine without vLLM.
+NO_ENGINE = (
+    b'\nDGX_SPARK_VLLM_FLAGS {"version": null, "help": "", "command": null, "error": "vllm is not '
+    b"importable: ModuleNotFoundError: No module named 'vllm'; /usr/bin/python3 -m vllm.entrypoints.cli.main serve "
+    b"--help=all exited 1: /usr/bin/python3: Error while finding module specification for "
+    b"'vllm.entrypoints.cli.main' (ModuleNotFoundError: No module named 'vllm')\"}\n"
+)
+HEAD_IMAGE = "sha256:a9d32715c8c0860700c649c56001714a48d23815d2a4109c691b1a3f4b848fe7"
+NEW_IMAGE = "sha256:5f0e6a3b1c2d4e5f60718293a4b5c6d7e8f90112233445566778899aabbccdd"
+
+
+def answer(release, **over):
+    """The flag-asking script's output for an engine of a release (its recorded real help text)."""
+    with open(os.path.join(FIXTURES, "vllm_help", release + ".txt"), encoding="utf-8") as handle:
+        body = {"version": release, "help": handle.read(), "command": ["python3", "-m", "vllm.entrypoints.cli.main"]}
+    body.update(over)
+    return ("INFO 11-30 17:41:55 [__init__.py:44] plugins\n" + _vllm_args.ASK_MARKER + json.dumps(body) + "\n").encode()
 
 
 def free_port():
@@ -34,7 +50,9 @@ class Head:
         self.alive = False
         self.launches = []
         self.signals = []
-        self.installed_flags = None
+        # The installed engine's answer to the flag question (exit code, output) and how often asked.
+        self.ask_result = (0, answer("0.32.0"))
+        self.asks = 0
         self.die_on_start = False
         self.log = b"INFO loading model\n"
 
@@ -55,14 +73,18 @@ class Head:
             self.alive = False
             return FakeExecResult(0, b"")
         if script == _vllm_args.INSTALLED_FLAGS_SCRIPT:
-            if self.installed_flags is None:
-                return FakeExecResult(3, NO_PARSER)
-            return FakeExecResult(0, json.dumps(sorted(self.installed_flags)).encode())
+            self.asks += 1
+            return FakeExecResult(*self.ask_result)
         raise AssertionError("unexpected exec %r" % cmd[:3])
 
 
+# What the real engine answered (tests/unit/fixtures/vllm_api/README.md).
+with open(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "vllm_api", "lab-0.32.0-tp2-ray.json")) as f:
+    RECORDED = json.load(f)
+
+
 class Api:
-    """The HTTP side: /health, /v1/models, /v1/completions."""
+    """The HTTP side, answering as the real engine did: /health, /v1/models, /version, completions."""
 
     def __init__(self, head, served="lab-model"):
         self.head = head
@@ -81,9 +103,14 @@ class Api:
                 raise ConnectionRefusedError(111, "Connection refused")
             return Resp(200, b"")
         if path == "v1/models":
-            return Resp(200, json.dumps({"data": [{"id": self.served}]}).encode())
+            models = json.loads(json.dumps(RECORDED["models"]).replace("lab-qwen3.5-moe-tiny", self.served))
+            return Resp(200, json.dumps(models).encode())
+        if path == "version":
+            return Resp(200, json.dumps(RECORDED["version"]).encode())
         if path == "v1/completions":
-            return Resp(200, json.dumps({"choices": [{"text": " Paris"}]}).encode())
+            return Resp(200, json.dumps(RECORDED["completion"]).encode())
+        if path == "v1/chat/completions":
+            return Resp(200, json.dumps(RECORDED["chat"]).encode())
         raise AssertionError(path)
 
 
@@ -96,9 +123,21 @@ class Resp(io.BytesIO):
         return self.code
 
 
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """Every run keeps its flag cache under the test's own directory."""
+    path = str(tmp_path / "vllm-flags")
+    monkeypatch.setitem(DEFAULTS, "flag_cache_dir", path)
+    return path
+
+
 @pytest.fixture
-def env(monkeypatch):
-    client = use_client(monkeypatch, vllm_serve, FakeClient())
+def client(monkeypatch):
+    return use_client(monkeypatch, vllm_serve, FakeClient(images={"lab/vllm:new": {"Id": NEW_IMAGE}}))
+
+
+@pytest.fixture
+def env(monkeypatch, client):
     attrs = inspect("container_ray_head.json")
     attrs["Name"] = "/ray-head"
     container = client.containers.add(FakeContainer(attrs))
@@ -120,8 +159,12 @@ def env(monkeypatch):
     return head, api
 
 
+DEFAULTS = {}
+
+
 def args(**over):
     base = dict(
+        DEFAULTS,
         model="/models/lab",
         served_model_name="lab-model",
         tensor_parallel_size=2,
@@ -150,11 +193,17 @@ def test_start_verify_and_secret_handling(monkeypatch, env):
     assert json.loads(launch["env"]["VLLM_DISTRIBUTED_EXECUTOR_CONFIG"]) == {
         "placement_group_options": {"strategy": "SPREAD"}
     }
-    assert res["completion"] == " Paris" and res["model"] == "lab-model"
+    assert res["completion"] == RECORDED["completion"]["choices"][0]["text"] and res["model"] == "lab-model"
+    # The recorded chat answer is all reasoning (content null): its reasoning is the text reported.
+    assert res["chat_completion"] == RECORDED["chat"]["choices"][0]["message"]["reasoning"]
+    assert res["engine"] == "vllm 0.32.0"
     assert res["endpoint"].endswith("/v1")
     assert set(res["timings"]) >= {"flag_check", "start", "health", "models", "completion"}
     assert res["timings"]["health"] == 0.75  # three 0.25 s polls on the fake clock
-    assert res["flag_check"].startswith("upstream table (installed parser not available")
+    assert (
+        res["flag_check"] == "installed vLLM 0.32.0 (image sha256:a9d32715c8c0, asked the running container ray-head)"
+    )
+    assert res["vllm_version"] == "0.32.0"
     assert all(h.get("Authorization") == "Bearer s3cret" for m, p, h, d in api.requests if p.startswith("/v1"))
 
 
@@ -233,22 +282,206 @@ def test_bad_extra_args_refused_before_start(monkeypatch, env, extra, needle):
     assert head.launches == []
 
 
-def test_installed_parser_wins_over_the_table(monkeypatch, env):
+def test_the_engines_answer_is_cached_per_image(monkeypatch, env, cache_dir):
     head, _api = env
-    managed = {"--served-model-name", "--tensor-parallel-size", "--pipeline-parallel-size"}
-    head.installed_flags = managed | {"--distributed-executor-backend", "--host", "--port", "--brand-new-flag"}
-    failed, res = run_module(monkeypatch, vllm_serve, args(extra_args=["--brand-new-flag"]))
+    a = args()
+    first = run_module(monkeypatch, vllm_serve, a)[1]
+    second = run_module(monkeypatch, vllm_serve, a)[1]
+    assert head.asks == 1
+    assert second["flag_check"] == "installed vLLM 0.32.0 (image sha256:a9d32715c8c0, cached)"
+    assert second["vllm_version"] == "0.32.0" and not second["changed"]
+    assert "flag_check" in first["timings"] and "flag_check" in second["timings"]
+    assert os.listdir(cache_dir) == [HEAD_IMAGE.split(":")[1] + ".json"]
+
+
+def test_the_installed_engine_wins_over_the_builtin_table(monkeypatch, env):
+    head, _api = env
+    head.ask_result = (0, answer("0.17.0"))  # 0.17 still has --swap-space; the 0.33 table has not
+    failed, res = run_module(monkeypatch, vllm_serve, args(extra_args=["--swap-space", "4"]))
     assert not failed, res
-    assert res["flag_check"] == "installed parser"
-    # The table does not know the new flag; the installed parser does.
-    assert _vllm_args.check_extra_args(["--brand-new-flag"])
+    assert res["flag_check"].startswith("installed vLLM 0.17.0 (")
+    assert _vllm_args.check_extra_args(["--swap-space", "4"])
 
 
-def test_installed_parser_missing_an_emitted_flag(monkeypatch, env):
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (
+            ["--swap-space", "4"],
+            "vllm_server_extra_args: --swap-space is not a flag of vllm serve in vLLM 0.32.0 "
+            "(image sha256:a9d32715c8c0); remove it",
+        ),
+        (
+            ["--max-model-lenn", "4096"],
+            "--max-model-lenn is not a flag of vllm serve in vLLM 0.32.0 (image sha256:a9d32715c8c0); "
+            "did you mean --max-model-len? It is set by this module: use the option max_model_len",
+        ),
+        (["--enable-prefix-cachin"], "did you mean --enable-prefix-caching?"),
+    ],
+)
+def test_unknown_flags_are_refused_naming_version_image_and_fix(monkeypatch, env, extra, needle):
     head, _api = env
-    head.installed_flags = {"--served-model-name", "--host", "--port", "--enable-prefix-caching"}
-    failed, res = run_module(monkeypatch, vllm_serve, args(extra_args=["--enable-prefix-caching"]))
-    assert failed and "has no --tensor-parallel-size flag" in res["msg"]
+    failed, res = run_module(monkeypatch, vllm_serve, args(extra_args=extra))
+    assert failed and needle in res["msg"], res["msg"]
+    assert head.launches == []
+
+
+def test_flags_read_as_vllm_reads_them(monkeypatch, env):
+    extra = ["--max_num_seqs=8", "-O3", "--attention-backend", "TRITON_ATTN", "--compilation-config.mode=3"]
+    failed, res = run_module(monkeypatch, vllm_serve, args(extra_args=extra))
+    assert not failed, res
+
+
+@pytest.mark.parametrize(
+    ("ask_result", "needle"),
+    [
+        ((0, NO_ENGINE), "no help text (vllm is not importable: ModuleNotFoundError"),
+        ((126, b'OCI runtime exec failed: exec: "python3": executable file not found in $PATH\n'), "(exit 126)"),
+        ((0, answer("0.32.0", help="usage: vllm serve\n  --port PORT  Port.\n")), "not --served-model-name"),
+    ],
+)
+def test_an_engine_that_cannot_be_asked_fails_with_the_reason(monkeypatch, env, ask_result, needle):
+    head, _api = env
+    head.ask_result = ask_result
+    failed, res = run_module(monkeypatch, vllm_serve, args())
+    assert failed and needle in res["msg"], res["msg"]
+    assert "cannot ask the installed vLLM" in res["msg"] and "flag_source=builtin" in res["msg"]
+    assert head.launches == []
+
+
+def test_static_refusals_come_with_an_ask_failure(monkeypatch, env):
+    head, _api = env
+    head.ask_result = (0, NO_ENGINE)
+    failed, res = run_module(monkeypatch, vllm_serve, args(extra_args=["--port", "9000"]))
+    assert failed and "use the option port" in res["msg"] and "cannot ask the installed vLLM" in res["msg"]
+
+
+def test_flag_source_builtin_uses_the_table_without_asking(monkeypatch, env):
+    head, _api = env
+    head.ask_result = (0, NO_ENGINE)
+    failed, res = run_module(monkeypatch, vllm_serve, args(flag_source="builtin"))
+    assert not failed, res
+    assert res["flag_check"] == "built-in table of vLLM 0.33.0 (flag_source=builtin)"
+    assert head.asks == 0 and "vllm_version" not in res
+    failed, res = run_module(monkeypatch, vllm_serve, args(flag_source="builtin", extra_args=["--swap-space", "4"]))
+    assert failed and "in the built-in table of vLLM 0.33.0; remove it" in res["msg"]
+
+
+def throwaway(client, output=None, fail_gpus=False):
+    """Record containers.run() calls of the fake engine; answer like the image's engine would."""
+    calls = []
+
+    def run(**kwargs):
+        calls.append(kwargs)
+        if fail_gpus and kwargs.get("device_requests"):
+            raise APIError('could not select device driver "" with capabilities: [[gpu]]')
+        return output if output is not None else answer("0.33.0")
+
+    client.containers.run = run
+    return calls
+
+
+def test_checked_asks_a_throwaway_container_of_the_image(monkeypatch, env, client):
+    head, _api = env
+    client.containers.items["ray-head"].attrs["State"]["Status"] = "exited"
+    calls = throwaway(client)
+    a = args(state="checked", image="lab/vllm:new")
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert not failed, res
+    assert (
+        res["flag_check"]
+        == "installed vLLM 0.33.0 (image sha256:5f0e6a3b1c2d, asked a throwaway container of lab/vllm:new)"
+    )
+    (call,) = calls
+    assert call["image"] == NEW_IMAGE and call["entrypoint"] == ["python3"] and call["remove"] is True
+    assert call["network_disabled"] is True and call["command"][:2] == ["-c", _vllm_args.INSTALLED_FLAGS_SCRIPT]
+    assert call["device_requests"][0]["Capabilities"] == [["gpu"]]
+    assert head.asks == 0
+    # Then cached: the next preflight (and the serve that runs this image) need not ask again.
+    res = run_module(monkeypatch, vllm_serve, a)[1]
+    assert res["flag_check"].endswith("(image sha256:5f0e6a3b1c2d, cached)") and len(calls) == 1
+
+
+def test_checked_asks_the_running_container_when_it_runs_the_image(monkeypatch, env, client):
+    head, _api = env
+    calls = throwaway(client)
+    client.images.items["lab/vllm:new"] = {"Id": HEAD_IMAGE}
+    res = run_module(monkeypatch, vllm_serve, args(state="checked", image="lab/vllm:new"))[1]
+    assert res["flag_check"].endswith("asked the running container ray-head)")
+    assert head.asks == 1 and calls == []
+
+
+def test_checked_asks_the_new_image_when_the_head_runs_an_older_one(monkeypatch, env, client):
+    head, _api = env
+    calls = throwaway(client)
+    res = run_module(monkeypatch, vllm_serve, args(state="checked", image="lab/vllm:new"))[1]
+    assert "asked a throwaway container of lab/vllm:new" in res["flag_check"]
+    assert head.asks == 0 and len(calls) == 1
+
+
+def test_an_engine_without_gpu_runtime_is_asked_without_gpus(monkeypatch, env, client):
+    client.containers.items["ray-head"].attrs["State"]["Status"] = "exited"
+    calls = throwaway(client, fail_gpus=True)
+    failed, res = run_module(monkeypatch, vllm_serve, args(state="checked", image="lab/vllm:new"))
+    assert not failed, res
+    assert [bool(c.get("device_requests")) for c in calls] == [True, False]
+
+
+def test_a_throwaway_that_fails_is_reported_with_its_exit(monkeypatch, env, client):
+    client.containers.items["ray-head"].attrs["State"]["Status"] = "exited"
+    removed = []
+
+    def run(**kwargs):
+        raise ContainerError(kwargs["name"], 1, kwargs["command"], kwargs["image"], b"python3: not found\n")
+
+    client.containers.run = run
+    monkeypatch.setattr(vllm_serve.VllmServe, "remove_leftover", staticmethod(lambda c, name: removed.append(name)))
+    failed, res = run_module(monkeypatch, vllm_serve, args(state="checked", image="lab/vllm:new"))
+    assert (
+        failed
+        and "asked a throwaway container of lab/vllm:new): it printed no answer: python3: not found" in res["msg"]
+    )
+    assert "(exit 1)" in res["msg"] and removed
+
+
+def test_checked_defers_when_the_image_is_not_on_the_node(monkeypatch, env, client):
+    head, _api = env
+    client.containers.items["ray-head"].attrs["State"]["Status"] = "exited"
+    calls = throwaway(client)
+    warnings = []
+    monkeypatch.setattr(vllm_serve.AnsibleModule, "warn", lambda self, msg: warnings.append(msg))
+    a = args(state="checked", image="lab/vllm:next", extra_args=["--frobnicate"])
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert not failed, res
+    assert res["flag_check"] == "deferred (image not on the head yet; checked again before serving)"
+    assert calls == [] and head.asks == 0 and "vllm_version" not in res
+    assert any("--frobnicate is not a flag of vllm serve in the built-in table" in w for w in warnings)
+    # The static checks still refuse.
+    failed, res = run_module(monkeypatch, vllm_serve, dict(a, extra_args=["--tensor-parallel-size", "1"]))
+    assert failed and "use the option tensor_parallel_size" in res["msg"]
+
+
+def test_checked_defers_without_image_or_running_head(monkeypatch, env, client):
+    client.containers.items["ray-head"].attrs["State"]["Status"] = "exited"
+    res = run_module(monkeypatch, vllm_serve, args(state="checked"))[1]
+    assert res["flag_check"].startswith("deferred (no image given and the head container is not running")
+
+
+def test_check_mode_asks_but_writes_no_cache(monkeypatch, env, cache_dir):
+    head, _api = env
+    failed, res = run_module(monkeypatch, vllm_serve, dict(args(), _ansible_check_mode=True))
+    assert not failed and head.asks == 1 and res["vllm_version"] == "0.32.0"
+    assert not os.path.exists(cache_dir)
+
+
+def test_an_unwritable_cache_is_a_warning(monkeypatch, env, tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    warnings = []
+    monkeypatch.setattr(vllm_serve.AnsibleModule, "warn", lambda self, msg: warnings.append(msg))
+    failed, res = run_module(monkeypatch, vllm_serve, args(flag_cache_dir=str(blocker / "flags")))
+    assert not failed, res
+    assert any(w.startswith("flag_cache_dir: the answer was not cached") for w in warnings)
 
 
 def test_port_in_use_fails_before_start(monkeypatch, env):

@@ -1,0 +1,127 @@
+"""Every vLLM flag, environment variable and API the collection uses, against the real vLLM package."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _image, _nccl_env, _vllm_args
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def engine(in_image):
+    """The installed engine's answer to the collection's own ask script: (flags, version)."""
+    rc, out, err = in_image(_vllm_args.INSTALLED_FLAGS_SCRIPT, "300", timeout=400)
+    assert rc == 0, err[-2000:]
+    answer, why = _vllm_args.read_answer(out)
+    assert answer, why
+    flags, version, why = _vllm_args.flags_from_answer(answer)
+    assert flags, why
+    return flags, version
+
+
+def profile_args(inventory):
+    with open(os.path.join(ROOT, "inventories", inventory, "group_vars", "spark", "model.yml")) as f:
+        return yaml.safe_load(f)["vllm_server_extra_args"]
+
+
+def test_the_engine_is_the_pinned_cpu_build(engine):
+    _flags, version = engine
+    assert version == "0.32.0+cpu"
+
+
+def test_every_flag_the_module_emits_exists(engine):
+    flags, _version = engine
+    assert _vllm_args.missing_emitted(flags) == []
+    argv = _vllm_args.serve_argv(
+        dict(
+            model="/m",
+            served_model_name="m",
+            tensor_parallel_size=2,
+            pipeline_parallel_size=1,
+            host="198.18.100.11",
+            port=8000,
+            max_model_len=512,
+            gpu_memory_utilization=0.8,
+            extra_args=[],
+        )
+    )
+    assert [n for n in _vllm_args.flag_names(argv[3:]) if n not in flags] == []
+
+
+@pytest.mark.parametrize("inventory", ["spark", "lab"])
+def test_every_profile_flag_is_accepted(engine, inventory):
+    flags, version = engine
+    where = _vllm_args.engine_where(version, "sha256:contract")
+    assert _vllm_args.check_extra_args(profile_args(inventory), flags, where) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--attention-backend", "FLASH_ATTN"],
+        ["-O3"],
+        ["--max_model_len", "512"],
+        ["--max-cudagraph-capture-size", "512"],
+        ["--mm-processor-cache-type", "shm"],
+        ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"],
+        ["--language-model-only"],
+        ["--no-enable-prefix-caching"],
+    ],
+)
+def test_recipe_flags_pass(engine, args):
+    flags, version = engine
+    assert _vllm_args.check_extra_args(args, flags, _vllm_args.engine_where(version, "sha256:contract")) == []
+
+
+def test_a_removed_flag_is_refused_naming_the_engine(engine):
+    flags, version = engine
+    problems = _vllm_args.check_extra_args(["--swap-space", "4"], flags, _vllm_args.engine_where(version, "sha256:c"))
+    assert len(problems) == 1
+    assert "--swap-space" in problems[0] and "0.32.0+cpu" in problems[0]
+
+
+def test_a_misspelled_flag_gets_the_closest_name(engine):
+    flags, version = engine
+    problems = _vllm_args.check_extra_args(["--max-model-lenn", "512"], flags, _vllm_args.engine_where(version, "x"))
+    assert len(problems) == 1 and "--max-model-len" in problems[0].split("did you mean")[1]
+
+
+ENVS = r"""
+import json, vllm.envs as envs
+print(json.dumps(sorted(envs.environment_variables)))
+"""
+
+
+def test_vllm_environment_variables(in_image):
+    rc, out, err = in_image(ENVS)
+    assert rc == 0, err[-2000:]
+    known = set(json.loads(out.strip().splitlines()[-1]))
+    used = {
+        _vllm_args.API_KEY_ENV,
+        # nccl_env gives every serving container VLLM_HOST_IP.
+        *(
+            k
+            for k in _nccl_env.build_env(
+                [{"name": "e", "address": "198.18.100.11/24"}], "198.18.100.11", allow_socket_fallback=True
+            )[0]
+            if k.startswith("VLLM_")
+        ),
+    }
+    assert used <= known, sorted(used - known)
+    # _vllm_args documents that upstream vLLM does not read the placement variable: hold it to that.
+    assert _vllm_args.PLACEMENT_ENV not in known
+
+
+def test_the_verification_script_on_the_real_engine(in_image):
+    # vllm_image's own verification (pip check, imports, registry, AutoConfig) against the lab model's config.
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}
+    rc, out, err = in_image(_image.VERIFY_SCRIPT, env={"VLLM_IMAGE_MODEL_CONFIG": json.dumps(config)}, timeout=300)
+    assert rc == 0, err[-2000:]
+    facts, causes = _image.evaluate(_image.parse_verification(out), config["architectures"])
+    assert causes == []
+    assert facts["architecture_supported"] and facts["vllm_version"] == "0.32.0"
+    assert facts["ray_version"] == "2.60.0" and facts["autoconfig_class"] == "Qwen3_5MoeConfig"
