@@ -30,8 +30,8 @@ Placement: the env VLLM_DISTRIBUTED_EXECUTOR_CONFIG
 Upstream vLLM's envs.py does not define it, and upstream's Ray executor (v1/executor/ray_utils.py,
 initialize_ray_cluster) creates its placement group with strategy PACK unless the driver already runs
 inside a placement group; PACK still spreads when one node cannot hold every bundle (one GPU per
-Spark). The variable is set for images that honour it (community builds, the lab's stand-in
-engine) and is harmless elsewhere.
+Spark). The variable is set for images that honour it (community builds) and is harmless
+elsewhere.
 """
 
 from __future__ import annotations

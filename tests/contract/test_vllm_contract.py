@@ -64,7 +64,6 @@ def test_every_profile_flag_is_accepted(engine, inventory):
     [
         ["--attention-backend", "FLASH_ATTN"],
         ["-O3"],
-        ["--max_model_len", "512"],
         ["--max-cudagraph-capture-size", "512"],
         ["--mm-processor-cache-type", "shm"],
         ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"],
@@ -75,6 +74,14 @@ def test_every_profile_flag_is_accepted(engine, inventory):
 def test_recipe_flags_pass(engine, args):
     flags, version = engine
     assert _vllm_args.check_extra_args(args, flags, _vllm_args.engine_where(version, "sha256:contract")) == []
+
+
+def test_an_underscore_flag_is_read_as_vllm_reads_it(engine):
+    # --max_model_len is vLLM's --max-model-len; the module sets that one itself from max_model_len.
+    flags, version = engine
+    problems = _vllm_args.check_extra_args(["--max_model_len", "512"], flags, _vllm_args.engine_where(version, "x"))
+    assert len(problems) == 1 and "vllm_server_max_model_len" in problems[0]
+    assert "not a flag" not in problems[0]
 
 
 def test_a_removed_flag_is_refused_naming_the_engine(engine):

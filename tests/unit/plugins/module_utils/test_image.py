@@ -89,7 +89,7 @@ def test_registry_entry_needs_module_and_class():
 def test_donor_image_passes():
     facts, causes = _image.evaluate(recorded("verify-runtime-donor.txt"), [ARCH])
     assert causes == []
-    assert facts["vllm_version"] == "0.33.0+lab.standin"
+    assert facts["vllm_version"] == "0.32.0" and facts["ray_version"] == "2.60.0"
     assert facts["transformers_version"].startswith("5.")
     assert facts["architecture_supported"] is True
     assert facts["autoconfig_class"] == "Qwen3_5MoeConfig"
@@ -98,7 +98,7 @@ def test_donor_image_passes():
 def test_hybrid_graft_names_both_causes():
     facts, causes = _image.evaluate(recorded("verify-graft-old-donor.txt"), [ARCH])
     assert len(causes) == 2
-    assert causes[0].startswith("pip check: vllm 0.11.0+lab.standin has requirement transformers<5,>=4.56.0")
+    assert causes[0].startswith("pip check: vllm 0.11.0+lab.replay has requirement transformers<5,>=4.56.0")
     assert "but you have transformers 5." in causes[0]
     assert causes[1].startswith("architecture %s is not in vllm.ModelRegistry.get_supported_archs()" % ARCH)
     assert "closest registered: Qwen3VLMoeForConditionalGeneration" in causes[1]

@@ -173,7 +173,7 @@ def test_failed_graft_keeps_previous_image_in_service(monkeypatch, engine, model
     engine.verify_output = fixture_text("vllm_image", "verify-graft-old-donor.txt")
     failed, result = run_module(monkeypatch, vllm_image, graft_args(model_dir))
     assert failed
-    assert "vllm 0.11.0+lab.standin has requirement transformers<5,>=4.56.0" in result["msg"]
+    assert "vllm 0.11.0+lab.replay has requirement transformers<5,>=4.56.0" in result["msg"]
     assert "closest registered: Qwen3VLMoeForConditionalGeneration" in result["msg"]
     assert "stays in service (sha256:good)" in result["msg"]
     assert engine.tags[IN_SERVICE].id == "sha256:good"
