@@ -387,6 +387,10 @@ class VllmServe:
                 self.module.exit_json(**self.result)
             if current["alive"]:
                 self.stop(state["pid"])
+            elif state.get("pid"):
+                # The serve process died, but its session (engine core, Ray driver) may live on and hold the
+                # cluster's GPUs: end what is left of it before starting again.
+                self.exec_py(SIGNAL, state["pid"], 9)
             self.check_port_free()
             self.start(argv, env, digest)
             self.wait_health()

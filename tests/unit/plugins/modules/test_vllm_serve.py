@@ -522,3 +522,16 @@ def test_checked_state_validates_only(monkeypatch, env):
     failed, res = run_module(monkeypatch, vllm_serve, dict(args(), state="checked"))
     assert not failed and not res["changed"] and head.launches == []
     assert res["command"][1] == "serve"
+
+
+def test_a_dead_server_leaves_nothing_of_its_session_behind(monkeypatch, env):
+    # The serve process was killed; its engine core and Ray driver share its session and may live on:
+    # the whole group gets SIGKILL before the new server starts.
+    head, _api = env
+    a = args()
+    run_module(monkeypatch, vllm_serve, a)
+    head.alive = False
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert not failed and res["actions"] == ["started"]
+    assert head.signals == [(101, 9)]
+    assert len(head.launches) == 2
