@@ -372,7 +372,7 @@ def case_secrets(suite):
         )
         return res.rc != 0 and host == lab.HEAD and not leaked, observed
 
-    suite.case("secrets/failing-deploy-vvv", "fails in The vLLM server, neither secret printed", failing_run)
+    suite.case("secrets/failing-deploy-vvv", "fails on the head, neither secret printed", failing_run)
 
     def restore():
         res = lab.deploy(timeout=300)
@@ -418,8 +418,9 @@ def case_security(suite):
                     problems.append("%s dashboard listening (%s %s:%s)" % (h, proc, addr, port))
                 # Ray 2.60's core gRPC servers (GCS, raylet, each worker's and the driver's) listen on every
                 # interface and have no option to narrow it (ray-project/ray#59852 later binds them to the node
-                # IP); anything else on a wildcard address is a finding.
-                ray_core = proc in ("gcs_server", "raylet", "vllm") or proc.startswith("ray::")
+                # IP); anything else on a wildcard address is a finding. vLLM's Ray driver is its engine core
+                # process (ss shows its title cut to 15 characters).
+                ray_core = proc in ("gcs_server", "raylet", "vllm", "VLLM::EngineCor") or proc.startswith("ray::")
                 if addr in WILDCARD and port != 22 and not ray_core:
                     problems.append("%s %s on %s:%s" % (h, proc, addr, port))
             wild = sorted({p for a, _port, p in rows if a in WILDCARD and p not in ("sshd", "")})
