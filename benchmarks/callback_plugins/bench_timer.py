@@ -84,7 +84,19 @@ class CallbackModule(CallbackBase):
                 start=self.open.pop((task._uuid, host), now),
                 end=now,
                 result={
-                    k: res[k] for k in ("elapsed", "bytes_moved", "peers", "timings", "actions", "progress") if k in res
+                    k: res[k]
+                    for k in (
+                        "elapsed",
+                        "bytes_moved",
+                        "peers",
+                        "timings",
+                        "actions",
+                        "progress",
+                        "command",
+                        "flag_check",
+                        "engine",
+                    )
+                    if k in res
                 },
             )
         )

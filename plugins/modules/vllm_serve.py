@@ -91,7 +91,7 @@ options:
     description:
       - Ray placement group strategy written to C(VLLM_DISTRIBUTED_EXECUTOR_CONFIG); V(none) sets nothing.
       - Upstream vLLM does not read this variable (its Ray executor uses PACK, which still spreads
-        one-GPU nodes); community DGX Spark builds and the lab engine do.
+        one-GPU nodes, as in the lab); community DGX Spark builds do.
     type: str
     choices: [SPREAD, STRICT_SPREAD, PACK, STRICT_PACK, none]
     default: SPREAD
