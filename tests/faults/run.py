@@ -400,6 +400,8 @@ print(json.dumps(rows))
 
 
 WILDCARD = ("0.0.0.0", "*", "[::]")  # noqa: S104 - addresses looked for, not bound
+# ray/autoscaler/_private/constants.py, Ray 2.60
+RAY_AUTOSCALER_METRIC_PORT = 44217
 
 
 def case_security(suite):
@@ -421,7 +423,11 @@ def case_security(suite):
                 # IP); anything else on a wildcard address is a finding. vLLM's Ray driver is its engine core
                 # process (ss shows its title cut to 15 characters).
                 ray_core = proc in ("gcs_server", "raylet", "vllm", "VLLM::EngineCor") or proc.startswith("ray::")
-                if addr in WILDCARD and port != 22 and not ray_core:
+                # Ray's autoscaler monitor on the head serves its Prometheus metrics on every interface at
+                # AUTOSCALER_METRIC_PORT whenever prometheus_client is importable (vLLM requires it), with no
+                # option to narrow it (autoscaler/_private/monitor.py): read-only metrics, named here.
+                ray_metrics = h == lab.HEAD and port == RAY_AUTOSCALER_METRIC_PORT
+                if addr in WILDCARD and port != 22 and not ray_core and not ray_metrics:
                     problems.append("%s %s on %s:%s" % (h, proc, addr, port))
             wild = sorted({p for a, _port, p in rows if a in WILDCARD and p not in ("sshd", "")})
             notes.append("%s wildcard: %s" % (h, ",".join(wild) or "none"))
