@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "build", "collections"))
 
 
 def _image():
