@@ -324,12 +324,26 @@ class _Counter:
             yield chunk
 
 
+class CopyBroken(ImageError):
+    """The stream between two engines broke; bytes_sent says how far it got."""
+
+    def __init__(self, cause, bytes_sent):
+        super().__init__(cause)
+        self.bytes_sent = bytes_sent
+
+
 def stream_image(source, target, ref):
     """docker save REF on source piped into docker load on target; returns the bytes moved."""
     counter = _Counter(source.api.get_image(ref, chunk_size=1 << 20))
-    for event in target.api.load_image(iter(counter)):
-        if isinstance(event, dict) and event.get("error"):
-            raise ImageError("docker load failed: %s" % event["error"])
+    try:
+        for event in target.api.load_image(iter(counter)):
+            if isinstance(event, dict) and event.get("error"):
+                raise ImageError("docker load failed: %s" % event["error"])
+    except ImageError:
+        raise
+    # A peer's engine that stops mid-copy surfaces as a broken pipe (OSError) or a client error.
+    except (OSError, DockerException) as exc:
+        raise CopyBroken("%s: %s" % (type(exc).__name__, exc), counter.bytes) from exc
     return counter.bytes
 
 

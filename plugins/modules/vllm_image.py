@@ -300,6 +300,10 @@ bytes_moved:
   description: Bytes streamed to all peers.
   returned: always
   type: int
+failed_peer:
+  description: Name of the peer whose copy broke (its engine stopped answering, or the stream broke).
+  returned: when a copy to a peer fails
+  type: str
 """
 
 import json
@@ -312,6 +316,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCK
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
     INPUTS_LABEL,
     VERIFY_SCRIPT,
+    CopyBroken,
     DockerException,
     ImageError,
     build_image,
@@ -464,7 +469,10 @@ class ImageManager:
             entry["seconds"] = 0.0
             if before != target and target and not self.module.check_mode:
                 started = time.monotonic()
-                entry["bytes_moved"] = stream_image(self.client, client, tag)
+                try:
+                    entry["bytes_moved"] = stream_image(self.client, client, tag)
+                except CopyBroken as exc:
+                    self.copy_broken(peer, before, exc)
                 entry["seconds"] = round(time.monotonic() - started, 2)
                 entry["image_id"] = image_id(client, tag)
                 if entry["image_id"] != target:
@@ -477,6 +485,28 @@ class ImageManager:
             self.after["peer " + peer["name"]] = entry["image_id"]
             self.result["peers"].append(entry)
             self.result["bytes_moved"] += entry["bytes_moved"]
+
+    def copy_broken(self, peer, before, exc):
+        """Fail naming the peer, which engine stopped answering, how far the copy got and what to run."""
+        name, host, tag = peer["name"], peer["docker_host"], self.p["in_service_tag"]
+        try:
+            connect(host, 10)
+            peer_answers = True
+        except DockerException:
+            peer_answers = False
+        try:
+            self.client.ping()
+            why = "the stream broke" if peer_answers else "the Docker engine on %s stopped answering" % name
+        except DockerException:
+            why = "this node's own Docker engine stopped answering"
+        sent = exc.bytes_sent
+        self.result["failed_peer"] = name
+        self.fail(
+            "peers: copying %s to %s (%s) failed after %d bytes (%.1f MiB) were sent: %s (%s). %s keeps what it "
+            "had as %s (%s); nothing was tagged there. Check that `docker info` answers on %s (systemctl status "
+            "docker), then run the deploy again: the copy starts over."
+            % (tag, name, host, sent, sent / 1048576.0, why, exc, name, tag, before or "no image", name)
+        )
 
     def run(self):
         try:

@@ -189,3 +189,23 @@ def test_stream_counts_bytes_and_reports_load_errors():
 
 def test_canonical_hash_ignores_key_order():
     assert _image.canonical_hash({"a": 1, "b": 2}) == _image.canonical_hash({"b": 2, "a": 1})
+
+
+def test_stream_broken_by_the_peer_counts_what_was_sent():
+    class Api:
+        def get_image(self, ref, chunk_size):
+            return iter([b"abc", b"defg", b"never"])
+
+        def load_image(self, data):
+            # What docker-py's ssh transport raises when the peer's engine goes away mid-body.
+            for chunk in data:
+                if chunk == b"defg":
+                    raise BrokenPipeError(32, "Broken pipe")
+            return iter([])
+
+    class Client:
+        api = Api()
+
+    with pytest.raises(_image.CopyBroken, match="BrokenPipeError") as info:
+        _image.stream_image(Client(), Client(), "x")
+    assert info.value.bytes_sent == 7

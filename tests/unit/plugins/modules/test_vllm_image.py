@@ -245,3 +245,30 @@ def test_verified_record_skips_a_passed_verification_of_the_same_image(monkeypat
     failed, other = run_module(monkeypatch, vllm_image, args)
     assert not failed and not other["verification"]["recorded"]
     assert len(runs) == 2
+
+
+def test_peer_engine_dies_mid_copy_names_the_peer(monkeypatch, engine, model_dir):
+    engine.add("lab/donor:1", "sha256:donor")
+    engine.ping = lambda: True
+    calls = []
+
+    def stream(source, target, ref):
+        raise _image.CopyBroken("BrokenPipeError: [Errno 32] Broken pipe", 5 * 1048576)
+
+    def connect(host, timeout):
+        calls.append(host)
+        if len(calls) > 1:  # the engine answered before the copy, not after
+            raise _image.DockerException("Error while fetching server API version: Connection refused")
+        return engine.peers[host]
+
+    monkeypatch.setattr(vllm_image, "stream_image", stream)
+    monkeypatch.setattr(vllm_image, "connect", connect)
+    args = {"pull": "lab/donor:1", "model_dir": model_dir, "peers": PEERS[:1]}
+    failed, result = run_module(monkeypatch, vllm_image, args)
+    assert failed
+    assert result["failed_peer"] == "spark-2"
+    msg = result["msg"]
+    assert "to spark-2 (ssh://root@spark-2) failed after 5242880 bytes (5.0 MiB)" in msg
+    assert "the Docker engine on spark-2 stopped answering" in msg
+    assert "run the deploy again" in msg
+    assert engine.peers["ssh://root@spark-2"].tags == {}
