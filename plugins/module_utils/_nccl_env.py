@@ -33,6 +33,10 @@ import re
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HEADER = "# Managed by dgx_spark.vllm (nccl_env); changes here are overwritten.\n"
+# Set from the fabric facts on RDMA hosts; refused in extra_env on every host, so that a host without
+# RDMA (the lab, a socket fallback) refuses what a real Spark refuses. roles/fabric/vars/main.yml
+# lists the same names for the deploy's first play (a unit test holds them equal).
+RDMA_KEYS = ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_DISABLE")
 
 
 def _ip(address):
@@ -87,7 +91,7 @@ def build_env(interfaces, master_addr, host_ip=None, allow_socket_fallback=False
     for key, value in (extra_env or {}).items():
         if not NAME.match(key):
             return None, "extra_env: %r is not a valid environment variable name" % key
-        if key in env:
+        if key in env or key in RDMA_KEYS:
             return None, "extra_env: %s is set from the fabric facts; change those instead of overriding it" % key
         text = "%s" % (value,)
         if "\n" in text or "\r" in text:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
+import yaml
 from ansible_collections.dgx_spark.vllm.plugins.modules import nccl_env
 from module_runner import run_module
 
@@ -97,6 +99,25 @@ def test_bad_extras(monkeypatch, tmp_path, extra, says):
     assert failed
     assert result["msg"].startswith("extra_env:") and says in result["msg"]
     assert not (tmp_path / "etc").exists()
+
+
+@pytest.mark.parametrize("key", ["NCCL_IB_GID_INDEX", "NCCL_IB_HCA"])
+def test_rdma_keys_refused_without_rdma_too(monkeypatch, key):
+    # The lab (no RDMA device) refuses what a Spark refuses.
+    args_ = args(interfaces=LAB_RAILS, allow_socket_fallback=True, extra_env={key: "3"})
+    failed, result = run_module(monkeypatch, nccl_env, args_)
+    assert failed
+    assert result["msg"].startswith("extra_env: %s is set from the fabric facts" % key)
+
+
+def test_role_lists_the_managed_keys():
+    from ansible_collections.dgx_spark.vllm.plugins.module_utils import _nccl_env
+
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+    with open(os.path.join(root, "roles", "fabric", "vars", "main.yml"), encoding="utf-8") as fh:
+        listed = yaml.safe_load(fh)["_fabric_managed_env"]
+    built, _ = _nccl_env.build_env(LAB_RAILS, "198.18.120.11", allow_socket_fallback=True)
+    assert set(listed) == set(built) | set(_nccl_env.RDMA_KEYS)
 
 
 def test_env_file_written_0600_then_unchanged(monkeypatch, tmp_path):
