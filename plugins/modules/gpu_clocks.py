@@ -111,6 +111,18 @@ gpus:
     clocks_gr:
       description: Graphics clock nvidia-smi reads now, MHz (an observation, not the lock).
       type: int
+bad_param:
+  description: The parameter a refused input names (C(min_mhz), C(max_mhz) or C(gpus)), for callers that name their own.
+  returned: when a setting is outside what the GPUs allow
+  type: str
+limit:
+  description: The GPU's limit that O(min_mhz) or O(max_mhz) passed (MHz), or the GPU indices there are.
+  returned: when a setting is outside what the GPUs allow
+  type: raw
+gpu:
+  description: Index of the GPU whose limit was passed.
+  returned: when O(min_mhz) or O(max_mhz) is outside what a GPU allows
+  type: int
 commands:
   description: The nvidia-smi commands run (in check mode, the ones that would be run).
   returned: always
@@ -161,8 +173,8 @@ class GpuClocks:
         )
         self.commands = []
 
-    def fail(self, msg):
-        self.module.fail_json(msg=msg, commands=self.commands)
+    def fail(self, msg, **extra):
+        self.module.fail_json(msg=msg, commands=self.commands, **extra)
 
     # -- reading ---------------------------------------------------------------------------
     def records(self):
@@ -210,7 +222,11 @@ class GpuClocks:
         wanted = self.params["gpus"] if self.params["gpus"] is not None else known
         unknown = sorted(set(wanted) - set(known))
         if unknown:
-            self.fail("gpus: no GPU with index %s on this node; it has %s" % (", ".join(map(str, unknown)), known))
+            self.fail(
+                "gpus: no GPU with index %s on this node; it has %s" % (", ".join(map(str, unknown)), known),
+                bad_param="gpus",
+                limit=known,
+            )
         if self.params["clocks"] == "locked":
             self.check_range({gpu["index"]: gpu for gpu in gpus}, sorted(set(wanted)))
         return sorted(set(wanted))
@@ -228,11 +244,18 @@ class GpuClocks:
             ceiling = clocks[-1] if clocks else gpus[index]["clocks_max_gr"]
             if floor is not None and low < floor:
                 self.fail(
-                    "min_mhz (%d) is below the lowest graphics clock GPU %d supports (%d MHz)" % (low, index, floor)
+                    "min_mhz (%d) is below the lowest graphics clock GPU %d supports (%d MHz)" % (low, index, floor),
+                    bad_param="min_mhz",
+                    limit=floor,
+                    gpu=index,
                 )
             if ceiling is not None and high > ceiling:
                 self.fail(
-                    "max_mhz (%d) is above the highest graphics clock GPU %d supports (%d MHz)" % (high, index, ceiling)
+                    "max_mhz (%d) is above the highest graphics clock GPU %d supports (%d MHz)"
+                    % (high, index, ceiling),
+                    bad_param="max_mhz",
+                    limit=ceiling,
+                    gpu=index,
                 )
 
     # -- planning --------------------------------------------------------------------------

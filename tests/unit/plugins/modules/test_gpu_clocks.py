@@ -194,3 +194,20 @@ def test_corrupt_record_is_ignored(monkeypatch, node):
     failed, result = run_module(monkeypatch, gpu_clocks, lock(paths))
     assert not failed and result["changed"]
     assert json.loads(pathlib.Path(paths["state_file"]).read_text(encoding="utf-8"))["gpus"][UUID0]["max_mhz"] == 1980
+
+
+@pytest.mark.parametrize(
+    ("extra", "fields"),
+    [
+        (dict(max_mhz=3000), {"bad_param": "max_mhz", "limit": 1980, "gpu": 0}),
+        (dict(gpus=[7]), {"bad_param": "gpus"}),
+    ],
+)
+def test_refusal_names_the_parameter_for_the_role(monkeypatch, node, extra, fields):
+    # The gpu role words the refusal in its own variables (gpu_clocks_max_mhz) from these fields.
+    _boot, paths, _tmp = node
+    FakeSmi().install(monkeypatch)
+    args = dict(lock(paths, **extra), _ansible_check_mode=True)
+    failed, result = run_module(monkeypatch, gpu_clocks, args)
+    assert failed
+    assert {key: result[key] for key in fields} == fields
