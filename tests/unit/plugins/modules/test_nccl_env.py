@@ -7,6 +7,7 @@ import stat
 
 import pytest
 import yaml
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _nccl_env
 from ansible_collections.dgx_spark.vllm.plugins.modules import nccl_env
 from module_runner import run_module
 
@@ -111,8 +112,6 @@ def test_rdma_keys_refused_without_rdma_too(monkeypatch, key):
 
 
 def test_role_lists_the_managed_keys():
-    from ansible_collections.dgx_spark.vllm.plugins.module_utils import _nccl_env
-
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
     with open(os.path.join(root, "roles", "fabric", "vars", "main.yml"), encoding="utf-8") as fh:
         listed = yaml.safe_load(fh)["_fabric_managed_env"]
