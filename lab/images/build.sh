@@ -28,7 +28,7 @@ mkdir -p "$wheelhouse"
 ctx=$(mktemp -d "$(dirname "$wheelhouse")/build-ctx.XXXXXX")
 trap 'rm -rf "$ctx"' EXIT
 (cd "$here/.." && inputs "$name" | while read -r f; do
-   dest="$ctx/${f#images/$name/}"; mkdir -p "$(dirname "$dest")"; cp -p "$f" "$dest"; done)
+   dest="$ctx/${f#images/"$name"/}"; mkdir -p "$(dirname "$dest")"; cp -p "$f" "$dest"; done)
 cp "${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}" "$ctx/ca.crt"
 if [ -f "$here/$name/requirements.txt" ]; then
   # The image installs from wheels only. pip runs here, with this machine's pip configuration (its

@@ -33,8 +33,10 @@ q supported_clocks --query-supported-clocks=gpu_uuid,memory,graphics --format=cs
 for f in $(echo "$GPU_FIELDS" | tr , ' ') clocks_event_reasons.active \
   clocks_event_reasons.applications_clocks_setting clocks.applications.graphics clocks.default_applications.graphics \
   power.draw power.limit temperature.gpu; do
-  printf '%s: ' "$f" >>"$dir/fields.txt"
-  nvidia-smi --query-gpu="$f" --format=csv,noheader,nounits 2>&1 | tr '\n' ' ' >>"$dir/fields.txt"
-  echo >>"$dir/fields.txt"
+  {
+    printf '%s: ' "$f"
+    nvidia-smi --query-gpu="$f" --format=csv,noheader,nounits 2>&1 | tr '\n' ' '
+    echo
+  } >>"$dir/fields.txt"
 done
 uname -a >"$dir/uname.txt"

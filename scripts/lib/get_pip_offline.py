@@ -9,6 +9,9 @@ import subprocess
 import sys
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# Set by scripts/sanity.sh to the wheels scripts/bootstrap.sh fetched: every pip run in the new venv
+# installs from there and never asks the package index.
+WHEELHOUSE = None
 
 
 def main():
@@ -17,9 +20,14 @@ def main():
     env = dict(os.environ)
     # ensurepip hides the system pip configuration; ansible-test's trimmed environment drops PIP_CERT.
     env.pop("PIP_CONFIG_FILE", None)
+    # The venv's own pip.conf holds for the requirement installs that ansible-test runs next.
+    lines = ["[global]"]
     if os.path.exists(CA_BUNDLE):
-        with open(os.path.join(sys.prefix, "pip.conf"), "w", encoding="utf-8") as conf:
-            conf.write("[global]\ncert = %s\n" % CA_BUNDLE)
+        lines.append("cert = %s" % CA_BUNDLE)
+    if WHEELHOUSE:
+        lines += ["no-index = true", "find-links = %s" % WHEELHOUSE]
+    with open(os.path.join(sys.prefix, "pip.conf"), "w", encoding="utf-8") as conf:
+        conf.write("\n".join(lines) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *args], check=True, env=env)
 
 
