@@ -115,7 +115,8 @@ def test_role_lists_the_managed_keys():
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
     with open(os.path.join(root, "roles", "fabric", "vars", "main.yml"), encoding="utf-8") as fh:
         listed = yaml.safe_load(fh)["_fabric_managed_env"]
-    built, _ = _nccl_env.build_env(LAB_RAILS, "198.18.120.11", allow_socket_fallback=True)
+    built, error = _nccl_env.build_env(LAB_RAILS, "198.18.120.11", allow_socket_fallback=True)
+    assert error is None
     assert set(listed) == set(built) | set(_nccl_env.RDMA_KEYS)
 
 
