@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -321,6 +322,112 @@ def case_engine_stopped(suite):
     suite.case("worker-docker-engine-stopped/after", "serving untouched", still)
 
 
+# A load in progress on a node's engine: dockerd spools the incoming tar under its own tmp directory.
+LOADING = "du -sm /var/lib/docker/tmp/docker-import-* 2>/dev/null | awk '{s+=$1} END {print s+0}'"
+
+
+def engine_back(host, bound=120):
+    """Wait until a node's engine answers again (the node's own restart, not the fault)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if lab.node(host, "docker", "info", "-f", "{{.ID}}", check=False).strip():
+            return
+        time.sleep(1)
+
+
+def case_engine_dies_during_copy(suite):
+    """The worker's Docker engine stops while the head streams the runtime image into it: the deploy fails
+    at once, naming the worker, the cause, the bytes sent and what to run; the next deploy copies again."""
+    keep = "faults/keep-in-service:1"
+
+    def body():
+        # The worker keeps the image under another name (its Ray container uses it); without the in-service
+        # tag the runtime image stage has a copy to make.
+        lab.node(lab.WORKER, "docker", "tag", lab.IN_SERVICE, keep)
+        lab.node(lab.WORKER, "docker", "rmi", lab.IN_SERVICE)
+        before = lab.snapshots()
+        stopped = {}
+
+        def stop_when_loading():
+            deadline = time.monotonic() + FAIL_BOUND
+            while time.monotonic() < deadline:
+                mib = lab.node(lab.WORKER, "sh", "-c", LOADING, check=False).strip()
+                if mib.isdigit() and int(mib) >= 50:
+                    # dockerd is the node's PID 1: SIGTERM stops the engine (the node's restart policy
+                    # brings it back, as systemd would restart a crashed docker.service).
+                    lab.node(lab.WORKER, "kill", "-TERM", "1", check=False)
+                    stopped["mib"] = int(mib)
+                    return
+                time.sleep(0.5)
+
+        def hook(line, _proc):
+            if "Image | Obtain, verify, promote on the build host" in line and "thread" not in stopped:
+                stopped["thread"] = threading.Thread(target=stop_when_loading, daemon=True)
+                stopped["thread"].start()
+
+        res = lab.deploy(timeout=FAIL_BOUND + 30, on_line=hook)
+        if "thread" in stopped:
+            stopped["thread"].join(10)
+        _play, _host, line = lab.first_failure(res)
+        engine_back(lab.WORKER)
+        ok, observed = fails_naming(res, lab.HEAD, "Runtime image", FAIL_BOUND, before)
+        named = all(w in line for w in ("to %s" % lab.WORKER, "stopped answering", "bytes", "run the deploy again"))
+        observed += "; engine stopped at %s MiB spooled" % stopped.get("mib", "NEVER")
+        return ok and named and "mib" in stopped, observed + ("" if named else "; the message does not name it")
+
+    suite.case(
+        "worker-engine-dies-during-image-copy",
+        "deploy fails <%ss naming %s, its engine, bytes sent and the fix" % (FAIL_BOUND, lab.WORKER),
+        body,
+    )
+
+    def repair():
+        engine_back(lab.WORKER)
+        before = lab.snapshots()
+        res = lab.deploy(timeout=600)
+        ok, text = serving()
+        after = lab.snapshots()
+        same = after[lab.WORKER]["images"].get(lab.IN_SERVICE) == after[lab.HEAD]["images"].get(lab.IN_SERVICE)
+        lab.node(lab.WORKER, "docker", "rmi", keep, check=False)
+        observed = "deploy exit %s in %ss; completion %s; worker's in-service image %s the head's" % (
+            res.rc,
+            res.seconds,
+            "ok" if ok else "FAILED (%s)" % text,
+            "equals" if same else "DIFFERS from",
+        )
+        models = lab.model_hashes(before[lab.HEAD]) == lab.model_hashes(after[lab.WORKER])
+        return res.rc == 0 and ok and same and models, observed + ("" if models else "; model files differ")
+
+    suite.case("worker-engine-dies-during-image-copy/next-run", "next deploy copies again and serves", repair)
+
+
+def case_check_mode_summary(suite):
+    """--check --diff on a serving cluster: the summary shows the live endpoint and says no completion was sent."""
+
+    def body():
+        before = lab.snapshots()
+        res = lab.deploy("--check", "--diff", timeout=300)
+        changed = lab.diff(before, lab.snapshots())
+        live = "http://%s:%d/v1 (live: /health answered 200; check mode, not verified)" % (
+            lab.FABRIC[lab.HEAD],
+            lab.API_PORT,
+        )
+        said = [ln.strip() for ln in res.lines if "endpoint:" in ln or "completion:" in ln]
+        ok = (
+            res.rc == 0
+            and any(live in ln for ln in said)
+            and any("check mode sends no completion" in ln for ln in said)
+        )
+        return ok and not changed, "exit %s in %ss; summary: %s; state %s" % (
+            res.rc,
+            res.seconds,
+            " | ".join(said) or "NO summary lines",
+            "unchanged" if not changed else "CHANGED: %s" % ", ".join(changed[:5]),
+        )
+
+    suite.case("check-mode-summary", "summary names the live endpoint and no completion; state unchanged", body)
+
+
 HF_TOKEN = "hf_faultsSuiteToken7Qx2"  # noqa: S105 - a made-up value the output is grepped for
 API_KEY = "sk-faults-suite-key-9Zr4"
 
@@ -469,6 +576,8 @@ def body(suite, args, fresh):
         ("node-restart", lambda: case_node_restarted(suite)),
         ("mtu", lambda: case_mtu(suite)),
         ("engine", lambda: case_engine_stopped(suite)),
+        ("image-copy", lambda: case_engine_dies_during_copy(suite)),
+        ("check-mode", lambda: case_check_mode_summary(suite)),
         ("security", lambda: case_security(suite)),
         ("secrets", lambda: case_secrets(suite)),
     ]
