@@ -22,18 +22,17 @@ Every `ray start` flag emitted here was checked against Ray's own CLI
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 
-HASH_LABEL = "dgx_spark.vllm.config_hash"
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container
+
 ROLE_LABEL = "dgx_spark.vllm.ray_role"
 # `ray start` prints this line once the node's processes are up, head and worker alike.
 READY_MARK = "Ray runtime started"
 # A worker's `ray start --address` logs these while the head's GCS does not answer yet (it keeps
 # retrying: 20 tries of about 40 s each in Ray 2.60).
 GCS_UNREACHABLE_MARKS = ("Failed to connect to GCS", "Failed to get cluster ID from GCS")
-RESTART_POLICIES = ["no", "always", "unless-stopped", "on-failure"]
 
 
 def check_params(p):
@@ -52,18 +51,13 @@ def check_params(p):
             errors.append("head_address: required for a worker; pass the head's fabric IP (optionally IP:PORT)")
         elif port and not port.isdigit():
             errors.append("head_address: %r has a port that is not a number; use HOST or HOST:PORT" % head)
-    for dev in p.get("rdma_devices") or []:
-        if not dev.startswith("/dev/"):
-            errors.append("rdma_devices: %r is not a device path under /dev (e.g. /dev/infiniband)" % dev)
     for key in ("ray_port", "dashboard_port"):
         if p.get(key) is not None and not 0 < p[key] < 65536:
             errors.append("%s: %s is not a TCP port; use 1..65535 (Ray's default is 6379)" % (key, p[key]))
-    for key in ("gpus", "declared_gpus", "num_cpus"):
+    for key in ("declared_gpus", "num_cpus"):
         if p.get(key) is not None and p[key] < 0:
             errors.append("%s: must be 0 or more, got %s" % (key, p[key]))
-    for idx, mount in enumerate(p.get("mounts") or []):
-        if not str(mount.get("source", "")).startswith("/") or not str(mount.get("target", "")).startswith("/"):
-            errors.append("mounts[%d]: source and target must be absolute paths" % idx)
+    errors += _container.contract_problems(p)
     return errors
 
 
@@ -106,86 +100,11 @@ def ray_start_argv(p):
 
 
 def desired_config(p, image_id):
-    """Everything that defines the container, in a JSON-able form (hashed into a label)."""
-    argv = ray_start_argv(p)
-    env = {str(k): str(v) for k, v in sorted((p.get("env") or {}).items())}
+    """Everything that defines the Ray container, in a JSON-able form (hashed into a label)."""
+    env = dict(p.get("env") or {})
     # Matches --disable-usage-stats for any Ray process started inside (e.g. the vLLM driver).
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    rdma = list(p.get("rdma_devices") or [])
-    restart = {"Name": p["restart_policy"]}
-    if p["restart_policy"] == "on-failure":
-        restart["MaximumRetryCount"] = 0
-    mounts = [
-        {"source": m["source"], "target": m["target"], "read_only": bool(m.get("read_only"))}
-        for m in (p.get("mounts") or [])
-    ]
-    return {
-        "image": image_id,
-        "entrypoint": argv[:1],
-        "command": argv[1:],
-        "env": env,
-        "network_mode": "host",
-        "ipc_mode": "host",
-        "shm_size": p["shm_size"],
-        "init": True,
-        "privileged": bool(p["privileged"]),
-        "restart_policy": restart,
-        "mounts": mounts,
-        "devices": ["%s:%s:rwm" % (d, d) for d in rdma],
-        "cap_add": ["IPC_LOCK"] if rdma else [],
-        # RDMA registers memory: an unlimited memlock is what the verbs stack expects.
-        "memlock_unlimited": bool(rdma),
-        "gpus_all": p["gpus"] > 0,
-        "labels": {str(k): str(v) for k, v in sorted((p.get("labels") or {}).items())},
-        "role": p["role"],
-    }
-
-
-def config_hash(config):
-    blob = json.dumps(config, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    return hashlib.sha256(blob).hexdigest()
-
-
-def create_kwargs(config, name, digest, docker_types):
-    """Keyword arguments for DockerClient.containers.create() from desired_config()."""
-    labels = dict(config["labels"])
-    labels[HASH_LABEL] = digest
-    labels[ROLE_LABEL] = config["role"]
-    kwargs = dict(
-        image=config["image"],
-        name=name,
-        entrypoint=config["entrypoint"],
-        command=config["command"],
-        environment=config["env"],
-        network_mode=config["network_mode"],
-        ipc_mode=config["ipc_mode"],
-        shm_size=config["shm_size"],
-        init=config["init"],
-        privileged=config["privileged"],
-        restart_policy=config["restart_policy"],
-        labels=labels,
-        detach=True,
-    )
-    if config["mounts"]:
-        kwargs["mounts"] = [
-            docker_types.Mount(target=m["target"], source=m["source"], type="bind", read_only=m["read_only"])
-            for m in config["mounts"]
-        ]
-    if config["devices"]:
-        kwargs["devices"] = config["devices"]
-    if config["cap_add"]:
-        kwargs["cap_add"] = config["cap_add"]
-    if config["memlock_unlimited"]:
-        kwargs["ulimits"] = [docker_types.Ulimit(name="memlock", soft=-1, hard=-1)]
-    if config["gpus_all"]:
-        kwargs["device_requests"] = [docker_types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    return kwargs
-
-
-def entrypoint_message(image_entrypoint, new_entrypoint):
-    if image_entrypoint:
-        return "overrode ENTRYPOINT %s with %s" % (list(image_entrypoint), list(new_entrypoint))
-    return "image has no ENTRYPOINT; set %s" % (list(new_entrypoint),)
+    return _container.container_config(p, image_id, ray_start_argv(p), p["role"], env)
 
 
 # Runs inside the head container: `python3 -c RAY_QUERY SECONDS [WATCH EXPECTED_IPS GPUS]`. The
@@ -291,10 +210,5 @@ WORKER_RESTARTS_TOLERATED = 2
 
 
 def ray_exited(container, restarts, tolerated=0):
-    """How a Ray container shows Ray exited in it: its status when not running, "restarted" when its
-    restart count grew past `restarts` + `tolerated` (a restart policy hides the exit), else None."""
-    if container.status != "running":
-        return container.status
-    if container.attrs.get("RestartCount", 0) > restarts + tolerated:
-        return "restarted"
-    return None
+    """How a Ray container shows Ray exited in it (see _container.exited_how)."""
+    return _container.exited_how(container, restarts, tolerated)

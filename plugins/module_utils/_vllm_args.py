@@ -11,7 +11,10 @@ against the installed engine's own `vllm serve --help=all`: see INSTALLED_FLAGS_
 | --served-model-name NAME             | engine/arg_utils.py, ModelConfig.served_model_name (nargs="+")         |
 | --tensor-parallel-size N             | engine/arg_utils.py, ParallelConfig.tensor_parallel_size (-tp)         |
 | --pipeline-parallel-size N           | engine/arg_utils.py, ParallelConfig.pipeline_parallel_size (-pp)       |
-| --distributed-executor-backend ray   | engine/arg_utils.py, ParallelConfig.distributed_executor_backend       |
+| --distributed-executor-backend ray|mp | engine/arg_utils.py, ParallelConfig.distributed_executor_backend      |
+| --nnodes N, --node-rank R (mp)       | engine/arg_utils.py, ParallelConfig.nnodes / .node_rank (-n, -r)       |
+| --master-addr A, --master-port P (mp)| engine/arg_utils.py, ParallelConfig.master_addr / .master_port         |
+| --headless (mp, ranks above 0)       | the serve parser (cli_args.py); entrypoints/cli/serve.py: no API server |
 | --host H, --port N                   | FrontendArgs.host / .port (cli_args.py, beside the serve parser)       |
 | --max-model-len N                    | engine/arg_utils.py, ModelConfig.max_model_len                         |
 | --gpu-memory-utilization F           | engine/arg_utils.py, CacheConfig.gpu_memory_utilization                |
@@ -55,7 +58,14 @@ MANAGED_FLAGS = {
     "-tp": "tensor_parallel_size",
     "--pipeline-parallel-size": "pipeline_parallel_size",
     "-pp": "pipeline_parallel_size",
-    "--distributed-executor-backend": "(always ray)",
+    "--distributed-executor-backend": "backend",
+    "--nnodes": "(from the inventory's spark group)",
+    "-n": "(from the inventory's spark group)",
+    "--node-rank": "(from the inventory's spark group)",
+    "-r": "(from the inventory's spark group)",
+    "--master-addr": "(the head's fabric address)",
+    "--master-port": "(vllm_server_mp_port)",
+    "--headless": "(set on every node but the head)",
     "--host": "host",
     "--port": "port",
     "--max-model-len": "max_model_len",
@@ -588,7 +598,9 @@ def check_extra_args(extra_args, known=None, where=None):
 
 
 def serve_argv(p):
-    """The `vllm serve` argument list from the module parameters (no secrets)."""
+    """The `vllm serve` argument list from the module parameters (no secrets). With backend mp, the rank's
+    own: every node runs the same command with its --node-rank, and every node but the head --headless."""
+    backend = p.get("backend") or "ray"
     argv = [
         "vllm",
         "serve",
@@ -600,7 +612,7 @@ def serve_argv(p):
         "--pipeline-parallel-size",
         str(p["pipeline_parallel_size"]),
         "--distributed-executor-backend",
-        "ray",
+        backend,
         "--host",
         p["host"],
         "--port",
@@ -610,6 +622,11 @@ def serve_argv(p):
         argv += ["--max-model-len", str(p["max_model_len"])]
     if p.get("gpu_memory_utilization") is not None:
         argv += ["--gpu-memory-utilization", _float_text(p["gpu_memory_utilization"])]
+    if backend == "mp" and p["nnodes"] > 1:
+        argv += ["--nnodes", str(p["nnodes"]), "--node-rank", str(p["node_rank"])]
+        argv += ["--master-addr", p["master_addr"], "--master-port", str(p["master_port"])]
+        if p["node_rank"] > 0:
+            argv.append("--headless")
     argv += list(p.get("extra_args") or [])
     return argv
 
@@ -621,23 +638,40 @@ def _float_text(value):
 def serve_env(p):
     """Environment of the serve process, secrets included (never logged: see args_hash)."""
     env = {str(k): str(v) for k, v in (p.get("env") or {}).items()}
-    if p.get("placement_strategy") and p["placement_strategy"] != "none":
+    ray = (p.get("backend") or "ray") == "ray"
+    if ray and p.get("placement_strategy") and p["placement_strategy"] != "none":
         env[PLACEMENT_ENV] = json.dumps(
             {"placement_group_options": {"strategy": p["placement_strategy"]}}, separators=(",", ":")
         )
-    if p.get("api_key"):
+    # A headless rank serves no API: the key stays on the head.
+    if p.get("api_key") and not p.get("node_rank"):
         env[API_KEY_ENV] = p["api_key"]
     return env
 
 
-def args_hash(argv, env):
-    """Hash of everything that defines the serve process; the key enters only as its own hash."""
+def hashed_env(env):
+    """The environment with the key replaced by its own hash (what may be hashed into a label)."""
     safe_env = dict(env)
     if API_KEY_ENV in safe_env:
         safe_env[API_KEY_ENV] = "sha256:" + hashlib.sha256(safe_env[API_KEY_ENV].encode("utf-8")).hexdigest()
-    blob = json.dumps({"argv": argv, "env": safe_env}, sort_keys=True, separators=(",", ":"))
+    return safe_env
+
+
+def args_hash(argv, env):
+    """Hash of everything that defines the serve process; the key enters only as its own hash."""
+    blob = json.dumps({"argv": argv, "env": hashed_env(env)}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def redacted_env(env):
     return {k: ("********" if k == API_KEY_ENV else v) for k, v in env.items()}
+
+
+# backend=mp: each rank logs this once the world group formed, i.e. once every rank joined
+# (distributed/parallel_state.py, initialize_model_parallel, vLLM 0.32).
+_JOINED = re.compile(r"rank (\d+) in world size (\d+) is assigned as")
+
+
+def joined_ranks(log):
+    """The ranks a container's log shows joined (sorted)."""
+    return sorted({int(m.group(1)) for m in _JOINED.finditer(log)})

@@ -214,7 +214,7 @@ ready_seconds:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _ray
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     DockerException,
@@ -251,7 +251,7 @@ class RayNode:
         self.module.exit_json(**self.result)
 
     def absent(self, current):
-        before = self.describe(current)
+        before = _container.describe(current)
         if current is not None:
             self.result["changed"] = True
             self.result["actions"].append("removed")
@@ -268,23 +268,16 @@ class RayNode:
                 "(it builds, verifies and copies the image to every node)" % self.p["image"]
             )
         config = _ray.desired_config(self.p, image.id)
-        digest = _ray.config_hash(config)
+        digest = _container.config_hash(config)
         image_entrypoint = (image.attrs.get("Config") or {}).get("Entrypoint")
         self.result.update(
             command=config["entrypoint"] + config["command"],
             image_entrypoint=image_entrypoint,
-            entrypoint=_ray.entrypoint_message(image_entrypoint, config["entrypoint"]),
+            entrypoint=_container.entrypoint_message(image_entrypoint, config["entrypoint"]),
             config_hash=digest,
         )
-        before = self.describe(current)
-        if current is None:
-            plan = "created"
-        elif current.labels.get(_ray.HASH_LABEL) != digest or self.p["force_restart"]:
-            plan = "recreated"
-        elif current.status != "running":
-            plan = "started"
-        else:
-            plan = None
+        before = _container.describe(current)
+        plan = _container.plan(current, digest, self.p["force_restart"])
         after = dict(before) if plan is None else dict(name=self.p["name"], status="running", config_hash=digest)
         after["command"] = self.result["command"]
         self.result["diff"] = dict(before=before, after=after)
@@ -301,7 +294,7 @@ class RayNode:
         else:
             if current is not None:
                 self.docker(current.remove, force=True)
-            kwargs = _ray.create_kwargs(config, self.p["name"], digest, docker_types)
+            kwargs = _container.create_kwargs(config, self.p["name"], digest, docker_types, _ray.ROLE_LABEL)
             container = self.docker(client.containers.create, **kwargs)
             self.docker(container.start)
         if self.p["wait_ready"]:
@@ -344,18 +337,6 @@ class RayNode:
         return None  # pragma: no cover
 
     @staticmethod
-    def describe(container):
-        if container is None:
-            return {}
-        config = container.attrs.get("Config") or {}
-        return dict(
-            name=container.name,
-            status=container.status,
-            config_hash=container.labels.get(_ray.HASH_LABEL),
-            command=list(config.get("Entrypoint") or []) + list(config.get("Cmd") or []),
-        )
-
-    @staticmethod
     def summary(container):
         return dict(id=container.id, name=container.name, status=container.status)
 
@@ -378,7 +359,7 @@ def main():
         shm_size=dict(type="str", default="16g"),
         rdma_devices=dict(type="list", elements="str", default=[]),
         privileged=dict(type="bool", default=False),
-        restart_policy=dict(type="str", choices=_ray.RESTART_POLICIES, default="unless-stopped"),
+        restart_policy=dict(type="str", choices=_container.RESTART_POLICIES, default="unless-stopped"),
         env=dict(type="dict", default={}),
         mounts=dict(
             type="list",

@@ -156,6 +156,111 @@ options:
     description: Lines of the serve log included in a failure.
     type: int
     default: 60
+  port_owners:
+    description:
+      - Other containers of this collection on this node whose server may hold O(port) (the other backend's).
+        While one runs, O(state=checked) does not require the port to be free: the deploy stops it first.
+    type: list
+    elements: str
+    default: []
+  backend:
+    description:
+      - V(ray) runs C(vllm serve) inside the running Ray head container (O(container)), its workers placed
+        over the Ray cluster.
+      - V(mp) runs vLLM's own multiprocessing backend across nodes without Ray. The module runs on every node
+        and makes this node's rank a container (O(container)) whose main process is C(vllm serve) with
+        C(--nnodes), C(--node-rank), C(--master-addr) and C(--master-port) (C(--headless) on ranks above 0),
+        with the container contract of M(dgx_spark.vllm.ray_node) (ENTRYPOINT overridden and reported, host
+        network and IPC, C(--init), restart policy, GPUs, RDMA devices, O(container_env), O(mounts)).
+        Idempotent by a label holding a hash of the container configuration (image ID included; the key
+        only as its hash). Rank 0 waits for C(/health) while watching its own container and every rank's in
+        O(workers), and fails at once when one exits or restarts, naming its node; on a timeout it names
+        the ranks whose log shows they never joined.
+    type: str
+    choices: [ray, mp]
+    default: ray
+  nnodes:
+    description: backend=mp. Number of nodes (ranks), C(--nnodes).
+    type: int
+    default: 1
+  node_rank:
+    description: backend=mp. This node's rank, C(--node-rank); 0 is the head, which serves the API.
+    type: int
+    default: 0
+  master_addr:
+    description: backend=mp. The head's fabric address, C(--master-addr). Required when O(nnodes) is above 1.
+    type: str
+  master_port:
+    description: backend=mp. Port of the head's rendezvous, C(--master-port).
+    type: int
+    default: 29501
+  workers:
+    description: backend=mp, rank 0. The worker ranks to watch while waiting, through each node's Docker engine.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      host:
+        description: Inventory name of the node.
+        type: str
+        required: true
+      rank:
+        description: Its rank.
+        type: int
+        required: true
+      container:
+        description: Its rank container.
+        type: str
+        required: true
+      docker_host:
+        description: Its Docker engine, as the head reaches it (C(ssh://USER@FABRIC_IP)).
+        type: str
+        required: true
+  force_restart:
+    description: backend=mp. Recreate the rank container even when its configuration is unchanged (every rank
+      restarts together: a new head needs new ranks).
+    type: bool
+    default: false
+  gpus:
+    description: backend=mp. Physical GPUs on this node; above 0 the container gets C(--gpus all).
+    type: int
+    default: 0
+  shm_size:
+    description: backend=mp. Shared memory size of the container (used when host IPC is not in effect).
+    type: str
+    default: 16g
+  rdma_devices:
+    description: backend=mp. RDMA device paths to pass through; adds C(IPC_LOCK) and an unlimited memlock.
+    type: list
+    elements: str
+    default: []
+  restart_policy:
+    description: backend=mp. Docker restart policy of the rank container.
+    type: str
+    choices: ["no", always, unless-stopped, on-failure]
+    default: unless-stopped
+  container_env:
+    description: backend=mp. Environment of the rank container (the fabric's C(fabric_nccl_env)); O(env) is added to it.
+    type: dict
+    default: {}
+  mounts:
+    description: backend=mp. Bind mounts of the rank container (the model directory).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      source:
+        description: Path on the node.
+        type: str
+        required: true
+      target:
+        description: Path in the container.
+        type: str
+        required: true
+      read_only:
+        description: Mount read-only.
+        type: bool
+        default: false
 """
 
 EXAMPLES = r"""
@@ -252,12 +357,14 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _image, _vllm_args
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _image, _vllm_args
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     DockerException,
+    connect,
     docker_client,
     find_container,
+    log_tail,
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
@@ -299,6 +406,8 @@ STATUS = (
 SIGNAL = "import os, sys\nos.killpg(int(sys.argv[1]), int(sys.argv[2]))\n"
 # Seconds a running server's /health may stay silent before it counts as unhealthy.
 HEALTH_SETTLE_S = 4.0
+# backend=mp: the label naming a rank container's rank.
+ROLE_LABEL = "dgx_spark.vllm.vllm_rank"
 
 
 class VllmServe:
@@ -342,6 +451,8 @@ class VllmServe:
 
     # --- stages ----------------------------------------------------------------------------
     def run(self):
+        if self.p["backend"] == "mp":
+            return MpRank(self.module).run()
         argv = _vllm_args.serve_argv(self.p) if self.p["state"] != "absent" else []
         env = _vllm_args.serve_env(self.p) if self.p["state"] != "absent" else {}
         digest = _vllm_args.args_hash(argv, env)
@@ -360,7 +471,7 @@ class VllmServe:
             self.check_flags(client, argv, running)
         if self.p["state"] == "checked":
             # Preflight: the port must be free unless our own server already holds it.
-            if not (running and self.status()["alive"]):
+            if not (running and self.status()["alive"]) and not self.port_owned(client):
                 self.check_port_free()
             self.module.exit_json(**self.result)
         if not running:
@@ -451,13 +562,15 @@ class VllmServe:
         (None, version, why) when it cannot be asked."""
         p = self.p
         target = None
-        if p["state"] == "checked" and p["image"]:
+        # An mp rank's container is recreated from the image: the image is what serves, at every state.
+        plan_state = "checked" if p["backend"] == "mp" else p["state"]
+        if plan_state == "checked" and p["image"]:
             try:
                 target = _image.image_id(client, p["image"])
             except DockerException as exc:
                 self.fail("image: cannot inspect %s on this node: %s" % (p["image"], exc))
         current = self.container.attrs.get("Image") if running else None
-        source, image_id, how = _vllm_args.ask_plan(p["state"], running, current, p["image"], target)
+        source, image_id, how = _vllm_args.ask_plan(plan_state, running, current, p["image"], target)
         if source == "deferred":
             self.result["flag_check"] = how
             return None, None, None
@@ -536,6 +649,15 @@ class VllmServe:
                 self.fail("The old vllm serve process (pid %s) did not exit after SIGKILL" % pid)
         self.timings["stop"] = round(time.monotonic() - started, 2)
 
+    def port_owned(self, client):
+        """Whether a container of this collection that may hold the port runs on this node (the other
+        backend's, which the deploy stops before serving)."""
+        for name in self.p["port_owners"]:
+            found = find_container(client, name)
+            if found is not None and found.status == "running":
+                return True
+        return False
+
     def check_port_free(self):
         try:
             sock = socket.create_connection((self.local_host(), self.p["port"]), timeout=2)
@@ -608,10 +730,18 @@ class VllmServe:
         result = wait_for(answered, HEALTH_SETTLE_S, interval=1.0)
         return result.ok and result.last == 200
 
+    def gone(self):
+        """Why the server can no longer become healthy (None while it still can)."""
+        return None if self.status()["alive"] else "the vllm serve process exited"
+
+    def failure_detail(self):
+        return "Log tail (%s):\n%s" % (self.p["log_file"], self.log_tail())
+
     def wait_health(self):
         def healthy():
-            if not self.status()["alive"]:
-                raise StopWaiting("the vllm serve process exited")
+            why = self.gone()
+            if why:
+                raise StopWaiting(why)
             try:
                 code, _body = self.http("GET", "/health", timeout=5)
             except Exception as exc:
@@ -623,10 +753,7 @@ class VllmServe:
         self.timings["health"] = round(res.elapsed, 2)
         if not res.ok:
             why = res.stopped or "no 200 from /health within %ss (last: %s)" % (self.p["health_timeout"], res.last)
-            self.fail(
-                "vllm serve is not healthy: %s. Log tail (%s):\n%s" % (why, self.p["log_file"], self.log_tail()),
-                progress=res.progress,
-            )
+            self.fail("vllm serve is not healthy: %s. %s" % (why, self.failure_detail()), progress=res.progress)
 
     def verify(self):
         name = self.p["served_model_name"]
@@ -678,6 +805,186 @@ class VllmServe:
         return text
 
 
+class MpRank(VllmServe):
+    """backend=mp: this node's rank as a container whose main process is `vllm serve` (the container
+    contract of the Ray nodes). Rank 0 serves the API; it waits for /health while watching its own
+    container and every worker's, names the ranks that did not join, and verifies the endpoint."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.restarts = 0
+        # (worker, container, restart count when the wait began) for each worker rank watched.
+        self.watched = []
+        self.worker_engines = {}
+
+    def run(self):
+        p = self.p
+        if p["state"] != "absent":
+            self.check_input()
+            self.check_mp_input()
+        argv = _vllm_args.serve_argv(p) if p["state"] != "absent" else []
+        env = _vllm_args.serve_env(p) if p["state"] != "absent" else {}
+        self.result.update(command=argv, args_hash=_vllm_args.args_hash(argv, env), flag_check="", rank=p["node_rank"])
+        client = docker_client(self.module)
+        self.container = find_container(client, p["container"])
+        before = _container.describe(self.container)
+        if p["state"] == "absent":
+            self.result["diff"] = dict(before=before, after={})
+            if self.container is not None:
+                self.result.update(changed=True, actions=["removed"])
+                if not self.module.check_mode:
+                    self.docker(self.container.remove, force=True)
+            self.module.exit_json(**self.result)
+        running = self.container is not None and self.container.status == "running"
+        try:
+            image = _image.image_or_none(client, p["image"])
+        except DockerException as exc:
+            self.fail("image: cannot inspect %s on this node: %s" % (p["image"], exc))
+        if image is None and p["state"] == "started":
+            self.fail(
+                "image: %s is not on this node's Docker engine; run the runtime_image stage first "
+                "(it builds, verifies and copies the image to every node)" % p["image"]
+            )
+        if p["node_rank"] == 0:
+            self.check_flags(client, argv, running)
+        else:
+            # The head asks the same image (runtime_image verified every node's copy by image ID) about the
+            # same flags, but --node-rank and --headless: asking here again would only cost tens of seconds.
+            self.result["flag_check"] = "checked by the head (rank 0): the same image and flags"
+        if image is None:
+            # The image is not on this node yet (the first play runs before the runtime image stage).
+            self.module.exit_json(**self.result)
+        container_env = dict(p["container_env"], **env)
+        config = _container.container_config(p, image.id, argv, "rank-%d" % p["node_rank"], container_env)
+        # The key enters the label's hash only as its own hash.
+        digest = _container.config_hash(dict(config, env=_vllm_args.hashed_env(container_env)))
+        plan = _container.plan(self.container, digest, p["force_restart"])
+        if plan is None and p["node_rank"] == 0 and not self.health_once():
+            plan = "recreated"
+            self.result["unhealthy"] = True
+        image_entrypoint = (image.attrs.get("Config") or {}).get("Entrypoint")
+        self.result.update(
+            plan=plan,
+            config_hash=digest,
+            entrypoint=_container.entrypoint_message(image_entrypoint, config["entrypoint"]),
+        )
+        after = before if plan is None else dict(name=p["container"], status="running", config_hash=digest)
+        self.result["diff"] = dict(before=before, after=dict(after, command=argv))
+        if p["state"] == "checked":
+            if p["node_rank"] == 0 and not self.port_owned(client):
+                self.check_port_free()
+            self.module.exit_json(**self.result)
+        if plan is not None:
+            self.result.update(changed=True, actions=[plan])
+            if self.module.check_mode:
+                self.module.exit_json(**self.result)
+            self.apply(client, config, digest, plan)
+        if p["node_rank"] > 0 or self.module.check_mode:
+            self.module.exit_json(**self.result)
+        if plan is not None:
+            self.watch_workers()
+            self.wait_health()
+        self.verify()
+        self.module.exit_json(**self.result)
+
+    def check_mp_input(self):
+        p = self.p
+        errors = _container.contract_problems(p)
+        if p["nnodes"] < 1:
+            errors.append("nnodes: must be 1 or more, got %s" % p["nnodes"])
+        elif not 0 <= p["node_rank"] < p["nnodes"]:
+            errors.append("node_rank: must be in 0..%d, got %s" % (p["nnodes"] - 1, p["node_rank"]))
+        if p["nnodes"] > 1 and not p["master_addr"]:
+            errors.append("master_addr: required with more than one node; pass the head's fabric address")
+        if not 0 < p["master_port"] < 65536:
+            errors.append("master_port: %s is not a TCP port; use 1..65535 (vllm_server_mp_port)" % p["master_port"])
+        if not p["image"]:
+            errors.append("image: required with backend=mp; pass the runtime image in service (vllm_server_image)")
+        if errors:
+            self.fail("; ".join(errors))
+
+    def apply(self, client, config, digest, plan):
+        started = time.monotonic()
+        if plan == "started":
+            self.docker(self.container.start)
+        else:
+            if self.container is not None:
+                self.docker(self.container.remove, force=True)
+            kwargs = _container.create_kwargs(config, self.p["container"], digest, docker_types, ROLE_LABEL)
+            self.container = self.docker(client.containers.create, **kwargs)
+            self.docker(self.container.start)
+        self.container.reload()
+        self.restarts = self.container.attrs.get("RestartCount", 0)
+        self.timings["start"] = round(time.monotonic() - started, 2)
+
+    def docker(self, call, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except DockerException as exc:
+            name = getattr(call, "__name__", call)
+            self.fail("Docker engine refused %s for %s: %s" % (name, self.p["container"], exc))
+        return None  # pragma: no cover
+
+    def log_tail(self):
+        return log_tail(self.container, self.p["log_lines"]) if self.container is not None else ""
+
+    def failure_detail(self):
+        parts = []
+        for worker, found, _restarts in self.watched:
+            text = log_tail(found, 400)
+            joined = _vllm_args.joined_ranks(text)
+            mark = "joined" if joined else "did not join"
+            parts.append(
+                "--- %s (%s) rank %s: %s. Log tail:\n%s"
+                % (worker["host"], worker["container"], worker["rank"], mark, _last_lines(text, self.p["log_lines"]))
+            )
+        for host, why in self.worker_engines.items():
+            if why != "watched":
+                parts.append("--- %s: %s" % (host, why))
+        head = "--- head (%s) rank 0 log tail:\n%s" % (self.p["container"], self.log_tail())
+        return "\n".join([head, *parts])
+
+    def watch_workers(self):
+        """Connect to each worker rank's engine; note its container's restart count to compare against."""
+        for worker in self.p["workers"]:
+            try:
+                engine = connect(worker["docker_host"], self.p["docker_timeout"])
+                found = engine.containers.get(worker["container"])
+            except DockerException as exc:
+                self.worker_engines[worker["host"]] = "not watched: %s" % str(exc).strip()[:200]
+                continue
+            self.watched.append((worker, found, found.attrs.get("RestartCount", 0)))
+            self.worker_engines[worker["host"]] = "watched"
+        self.result["worker_engines"] = self.worker_engines
+
+    def gone(self):
+        try:
+            self.container.reload()
+        except DockerException as exc:
+            return "the head's Docker engine stopped answering: %s" % exc
+        how = _container.exited_how(self.container, self.restarts)
+        if how:
+            return "the head rank's container %s %s: vllm serve exited in it" % (self.p["container"], how)
+        for worker, found, restarts in self.watched:
+            try:
+                found.reload()
+            except DockerException as exc:
+                return "the Docker engine of %s stopped answering: %s" % (worker["host"], exc)
+            how = _container.exited_how(found, restarts)
+            if how:
+                return "the rank %s container %s on %s %s: its vllm serve exited" % (
+                    worker["rank"],
+                    worker["container"],
+                    worker["host"],
+                    how,
+                )
+        return None
+
+
+def _last_lines(text, count):
+    return "\n".join(text.splitlines()[-count:])
+
+
 def main():
     argument_spec = dict(
         container=dict(type="str", default="ray-head"),
@@ -708,6 +1015,39 @@ def main():
         smoke_prompt=dict(type="str", default="The capital of France is"),
         smoke_max_tokens=dict(type="int", default=16, no_log=False),
         log_lines=dict(type="int", default=60),
+        port_owners=dict(type="list", elements="str", default=[]),
+        backend=dict(type="str", choices=["ray", "mp"], default="ray"),
+        nnodes=dict(type="int", default=1),
+        node_rank=dict(type="int", default=0),
+        master_addr=dict(type="str"),
+        master_port=dict(type="int", default=29501),
+        workers=dict(
+            type="list",
+            elements="dict",
+            default=[],
+            options=dict(
+                host=dict(type="str", required=True),
+                rank=dict(type="int", required=True),
+                container=dict(type="str", required=True),
+                docker_host=dict(type="str", required=True),
+            ),
+        ),
+        force_restart=dict(type="bool", default=False),
+        gpus=dict(type="int", default=0),
+        shm_size=dict(type="str", default="16g"),
+        rdma_devices=dict(type="list", elements="str", default=[]),
+        restart_policy=dict(type="str", choices=_container.RESTART_POLICIES, default="unless-stopped"),
+        container_env=dict(type="dict", default={}),
+        mounts=dict(
+            type="list",
+            elements="dict",
+            default=[],
+            options=dict(
+                source=dict(type="str", required=True),
+                target=dict(type="str", required=True),
+                read_only=dict(type="bool", default=False),
+            ),
+        ),
     )
     argument_spec.update(DOCKER_COMMON_ARGS)
     module = AnsibleModule(

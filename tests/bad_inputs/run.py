@@ -24,7 +24,8 @@ FAB = [{"name": "enp1s0f1np1", "address": "198.18.120.11/24"}]
 
 # (case, kind, target, arguments, parameter the message must name, words of the fix it must give)
 # kind: module (ad hoc on the head), role (tests/bad_inputs/role.yml), inventory (deploy-qwen35.yml
-# against a copy of the inventory whose hosts.yml is the given text).
+# against a copy of the inventory whose hosts.yml is the given text), deploy (deploy-qwen35.yml with
+# the arguments as extra vars: refused by its first play, before any stage starts).
 CASES = [
     (
         "roce-address-not-ip",
@@ -208,6 +209,85 @@ CASES = [
         "int",
     ),
     (
+        "gpu-clocks-max-above-gpu",
+        "module",
+        "gpu_clocks",
+        {"clocks": "locked", "min_mhz": 1000, "max_mhz": 9999},
+        "max_mhz",
+        "1980 MHz",
+    ),
+    ("gpu-clocks-unknown-index", "module", "gpu_clocks", {"gpus": [7], "persist": False}, "gpus", "it has [0]"),
+    (
+        "nccl-env-gid-index-without-rdma",
+        "module",
+        "nccl_env",
+        {
+            "interfaces": [{"name": "enp1s0f1np1", "address": "198.18.120.11/24"}],
+            "master_addr": "198.18.120.11",
+            "allow_socket_fallback": True,
+            "extra_env": {"NCCL_IB_GID_INDEX": "3"},
+            "path": "/etc/dgx-spark/bad-inputs.env",
+        },
+        "extra_env",
+        "fabric facts",
+    ),
+    (
+        "role-fabric-extra-env-gid-index",
+        "role",
+        "fabric",
+        {"fabric_extra_env": {"NCCL_IB_GID_INDEX": "3"}},
+        "fabric_extra_env",
+        "NCCL_IB_GID_INDEX",
+    ),
+    (
+        "role-gpu-clocks-no-max",
+        "role",
+        "gpu",
+        {"gpu_clocks": "locked", "gpu_clocks_min_mhz": 1000},
+        "gpu_clocks_max_mhz",
+        "give both",
+    ),
+    (
+        "deploy-gpu-clocks-max-above-gpu",
+        "deploy",
+        "deploy",
+        {"gpu_clocks": "locked", "gpu_clocks_min_mhz": 1000, "gpu_clocks_max_mhz": 9999},
+        "gpu_clocks_max_mhz (9999)",
+        "1980 MHz",
+    ),
+    (
+        "deploy-gpu-clocks-min-below-gpu",
+        "deploy",
+        "deploy",
+        {"gpu_clocks": "locked", "gpu_clocks_min_mhz": 10, "gpu_clocks_max_mhz": 1980},
+        "gpu_clocks_min_mhz (10)",
+        "345 MHz",
+    ),
+    (
+        "deploy-gpu-clocks-inverted",
+        "deploy",
+        "deploy",
+        {"gpu_clocks": "locked", "gpu_clocks_min_mhz": 1980, "gpu_clocks_max_mhz": 1000},
+        "gpu_clocks_min_mhz",
+        "min <= max",
+    ),
+    (
+        "deploy-fabric-extra-env-hca",
+        "deploy",
+        "deploy",
+        {"fabric_extra_env": {"NCCL_IB_HCA": "mlx5_0"}},
+        "fabric_extra_env",
+        "NCCL_IB_HCA",
+    ),
+    (
+        "role-model-drop-caches-required",
+        "role",
+        "model",
+        {"model_drop_caches_required": True},
+        "model_drop_caches_required",
+        "false",
+    ),
+    (
         "inventory-no-head-group",
         "inventory",
         "deploy",
@@ -241,6 +321,8 @@ def run_case(kind, target, args):
         if args:
             argv += ["-a", json.dumps(args)]
         return lab.run(argv, 120)
+    if kind == "deploy":
+        return lab.playbook(lab.DEPLOY, "-e", json.dumps(args), timeout=300)
     if kind == "role":
         extra = dict(args, bad_inputs_role=target)
         return lab.playbook(ROLE_PLAYBOOK, "-e", json.dumps(extra), timeout=180)

@@ -36,6 +36,47 @@ def test_argv_in_upstream_order_and_spelling():
     assert "--api-key" not in argv and "k" not in argv
 
 
+MP = dict(PROFILE, backend="mp", nnodes=2, master_addr="198.18.120.11", master_port=29501)
+
+
+def test_mp_ranks_share_one_command_but_their_rank_and_headless():
+    head = _vllm_args.serve_argv(dict(MP, node_rank=0))
+    worker = _vllm_args.serve_argv(dict(MP, node_rank=1))
+    pairs = dict(zip(head[3::2], head[4::2], strict=False))
+    assert pairs["--distributed-executor-backend"] == "mp"
+    assert pairs["--nnodes"] == "2" and pairs["--node-rank"] == "0"
+    assert pairs["--master-addr"] == "198.18.120.11" and pairs["--master-port"] == "29501"
+    assert "--headless" not in head
+    assert worker[worker.index("--node-rank") + 1] == "1" and "--headless" in worker
+    as_head = [a for a in worker if a != "--headless"]
+    as_head[as_head.index("--node-rank") + 1] = "0"
+    assert as_head == head
+    # The extra arguments stay last on every rank.
+    assert head[-2:] == worker[-2:] == ["--reasoning-parser", "qwen3"]
+
+
+def test_mp_on_one_node_has_no_multi_node_flags():
+    argv = _vllm_args.serve_argv(dict(MP, nnodes=1, node_rank=0))
+    assert "--nnodes" not in argv and "--headless" not in argv and "--master-addr" not in argv
+
+
+def test_mp_env_has_no_ray_placement_and_the_key_only_on_the_head():
+    assert _vllm_args.PLACEMENT_ENV not in _vllm_args.serve_env(dict(MP, node_rank=0))
+    assert _vllm_args.serve_env(dict(MP, node_rank=0))["VLLM_API_KEY"] == "k"
+    assert "VLLM_API_KEY" not in _vllm_args.serve_env(dict(MP, node_rank=1))
+
+
+def test_joined_ranks_read_from_a_rank_log():
+    log = (
+        "INFO 11-30 21:10:02 [parallel_state.py:1906] world_size=2 rank=1 local_rank=0 "
+        "distributed_init_method=tcp://198.18.120.11:29501 backend=gloo\n"
+        "INFO 11-30 21:10:05 [parallel_state.py:2350] rank 1 in world size 2 is assigned as DP rank 0, "
+        "PP rank 0, PCP rank 0, TP rank 1, ETP rank 1, EP rank 1, EPLB rank N/A\n"
+    )
+    assert _vllm_args.joined_ranks(log) == [1]
+    assert _vllm_args.joined_ranks(log.splitlines()[0]) == []
+
+
 def test_optional_flags_left_out():
     argv = _vllm_args.serve_argv(dict(PROFILE, max_model_len=None, gpu_memory_utilization=None, extra_args=[]))
     assert "--max-model-len" not in argv and "--gpu-memory-utilization" not in argv
@@ -69,6 +110,10 @@ def test_hash_changes_with_args_and_key_but_never_holds_the_key():
         (["--enable-prefix-cachin"], "is not a flag of vllm serve"),
         (["--tp", "2"], "is not a flag"),
         (["-tp", "2"], "use the option tensor_parallel_size"),
+        (["--nnodes", "2"], "inventory's spark group"),
+        (["--headless"], "every node but the head"),
+        (["--master-port=29600"], "vllm_server_mp_port"),
+        (["--distributed-executor-backend", "mp"], "vllm_server_backend"),
         (["--port=9000"], "use the option port"),
         (["--gpu-memory-utilization", "0.9"], "use the option gpu_memory_utilization"),
         (["--enforce-eager \\"], "shell line fragment"),

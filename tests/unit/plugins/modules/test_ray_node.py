@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container
 from ansible_collections.dgx_spark.vllm.plugins.modules import ray_node
 from fake_docker import FakeClient, FakeContainer, inspect, use_client
 from module_runner import fixture_text, run_module
@@ -65,7 +65,7 @@ def test_hash_matches_the_label_the_real_engine_holds(monkeypatch, client):
     container = recorded_container(client)
     failed, res = run_module(monkeypatch, ray_node, RECORDED_ARGS)
     assert not failed, res
-    assert res["config_hash"] == container.labels[_ray.HASH_LABEL]
+    assert res["config_hash"] == container.labels[_container.HASH_LABEL]
     assert not res["changed"] and res["actions"] == []
     assert client.containers.created == [] and "start" not in container.calls
 

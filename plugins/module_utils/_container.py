@@ -1,0 +1,145 @@
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The contract every engine container on a node follows, Ray node or vLLM rank alike (private; used by
+ray_node and vllm_serve).
+
+Host network and IPC, `--init`, a restart policy, the fabric's environment, the model mounts, GPUs when
+the node has them, RDMA devices with IPC_LOCK and an unlimited memlock, and the image's ENTRYPOINT always
+overridden (and reported). A label holds a hash of the whole configuration (image ID included): same hash
+and running is left alone, another hash is recreated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+HASH_LABEL = "dgx_spark.vllm.config_hash"
+RESTART_POLICIES = ["no", "always", "unless-stopped", "on-failure"]
+
+
+def contract_problems(p):
+    """'parameter: problem; fix' strings for the contract's own parameters."""
+    errors = []
+    for dev in p.get("rdma_devices") or []:
+        if not dev.startswith("/dev/"):
+            errors.append("rdma_devices: %r is not a device path under /dev (e.g. /dev/infiniband)" % dev)
+    if p.get("gpus") is not None and p["gpus"] < 0:
+        errors.append("gpus: must be 0 or more, got %s" % p["gpus"])
+    for idx, mount in enumerate(p.get("mounts") or []):
+        if not str(mount.get("source", "")).startswith("/") or not str(mount.get("target", "")).startswith("/"):
+            errors.append("mounts[%d]: source and target must be absolute paths" % idx)
+    return errors
+
+
+def container_config(p, image_id, argv, role, env):
+    """Everything that defines the container, in a JSON-able form (hashed into a label)."""
+    rdma = list(p.get("rdma_devices") or [])
+    restart = {"Name": p["restart_policy"]}
+    if p["restart_policy"] == "on-failure":
+        restart["MaximumRetryCount"] = 0
+    mounts = [
+        {"source": m["source"], "target": m["target"], "read_only": bool(m.get("read_only"))}
+        for m in (p.get("mounts") or [])
+    ]
+    return {
+        "image": image_id,
+        "entrypoint": argv[:1],
+        "command": argv[1:],
+        "env": {str(k): str(v) for k, v in sorted(env.items())},
+        "network_mode": "host",
+        "ipc_mode": "host",
+        "shm_size": p["shm_size"],
+        "init": True,
+        "privileged": bool(p.get("privileged")),
+        "restart_policy": restart,
+        "mounts": mounts,
+        "devices": ["%s:%s:rwm" % (d, d) for d in rdma],
+        "cap_add": ["IPC_LOCK"] if rdma else [],
+        # RDMA registers memory: an unlimited memlock is what the verbs stack expects.
+        "memlock_unlimited": bool(rdma),
+        "gpus_all": p["gpus"] > 0,
+        "labels": {str(k): str(v) for k, v in sorted((p.get("labels") or {}).items())},
+        "role": role,
+    }
+
+
+def config_hash(config):
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
+def create_kwargs(config, name, digest, docker_types, role_label):
+    """Keyword arguments for DockerClient.containers.create() from container_config()."""
+    labels = dict(config["labels"])
+    labels[HASH_LABEL] = digest
+    labels[role_label] = config["role"]
+    kwargs = dict(
+        image=config["image"],
+        name=name,
+        entrypoint=config["entrypoint"],
+        command=config["command"],
+        environment=config["env"],
+        network_mode=config["network_mode"],
+        ipc_mode=config["ipc_mode"],
+        shm_size=config["shm_size"],
+        init=config["init"],
+        privileged=config["privileged"],
+        restart_policy=config["restart_policy"],
+        labels=labels,
+        detach=True,
+    )
+    if config["mounts"]:
+        kwargs["mounts"] = [
+            docker_types.Mount(target=m["target"], source=m["source"], type="bind", read_only=m["read_only"])
+            for m in config["mounts"]
+        ]
+    if config["devices"]:
+        kwargs["devices"] = config["devices"]
+    if config["cap_add"]:
+        kwargs["cap_add"] = config["cap_add"]
+    if config["memlock_unlimited"]:
+        kwargs["ulimits"] = [docker_types.Ulimit(name="memlock", soft=-1, hard=-1)]
+    if config["gpus_all"]:
+        kwargs["device_requests"] = [docker_types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return kwargs
+
+
+def plan(current, digest, force=False):
+    """What makes the container match: "created", "recreated", "started", or None (it already does)."""
+    if current is None:
+        return "created"
+    if current.labels.get(HASH_LABEL) != digest or force:
+        return "recreated"
+    if current.status != "running":
+        return "started"
+    return None
+
+
+def describe(container):
+    """The container as a diff shows it ({} when there is none)."""
+    if container is None:
+        return {}
+    config = container.attrs.get("Config") or {}
+    return dict(
+        name=container.name,
+        status=container.status,
+        config_hash=container.labels.get(HASH_LABEL),
+        command=list(config.get("Entrypoint") or []) + list(config.get("Cmd") or []),
+    )
+
+
+def entrypoint_message(image_entrypoint, new_entrypoint):
+    if image_entrypoint:
+        return "overrode ENTRYPOINT %s with %s" % (list(image_entrypoint), list(new_entrypoint))
+    return "image has no ENTRYPOINT; set %s" % (list(new_entrypoint),)
+
+
+def exited_how(container, restarts, tolerated=0):
+    """How a container shows that its main process exited: its status when not running, "restarted" when
+    its restart count grew past `restarts` + `tolerated` (a restart policy hides the exit), else None."""
+    if container.status != "running":
+        return container.status
+    if container.attrs.get("RestartCount", 0) > restarts + tolerated:
+        return "restarted"
+    return None
