@@ -17,6 +17,24 @@ import json
 HASH_LABEL = "dgx_spark.vllm.config_hash"
 RESTART_POLICIES = ["no", "always", "unless-stopped", "on-failure"]
 
+# Merged into the argument_spec of every module that makes an engine container (doc fragment: container).
+CONTRACT_ARGS = dict(
+    gpus=dict(type="int", default=0),
+    shm_size=dict(type="str", default="16g"),
+    rdma_devices=dict(type="list", elements="str", default=[]),
+    restart_policy=dict(type="str", choices=RESTART_POLICIES, default="unless-stopped"),
+    mounts=dict(
+        type="list",
+        elements="dict",
+        default=[],
+        options=dict(
+            source=dict(type="str", required=True),
+            target=dict(type="str", required=True),
+            read_only=dict(type="bool", default=False),
+        ),
+    ),
+)
+
 
 def contract_problems(p):
     """'parameter: problem; fix' strings for the contract's own parameters."""

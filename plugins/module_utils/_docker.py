@@ -28,6 +28,7 @@ __all__ = [
     "NotFound",
     "connect",
     "docker_client",
+    "watch_containers",
 ]
 
 # Merged into every Docker-using module's argument_spec.
@@ -81,3 +82,20 @@ def connect(host, timeout):
     client = docker.DockerClient(**kwargs)
     client.ping()
     return client
+
+
+def watch_containers(targets, timeout):
+    """Find each target's container through its engine (target: host, container, docker_host).
+
+    Returns ([(target, container, its restart count now)], {host: "watched" or "not watched: why"}): a
+    watcher compares the restart count later, as a restart policy hides an exit."""
+    watched, engines = [], {}
+    for target in targets:
+        try:
+            found = connect(target["docker_host"], timeout).containers.get(target["container"])
+        except DockerException as exc:
+            engines[target["host"]] = "not watched: %s" % str(exc).strip()[:200]
+            continue
+        watched.append((target, found, found.attrs.get("RestartCount", 0)))
+        engines[target["host"]] = "watched"
+    return watched, engines

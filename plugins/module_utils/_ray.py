@@ -207,8 +207,3 @@ def progress_line(summary):
 # A worker left on a head that went away exits once and its restart policy brings it back to the
 # new head; restarting more often than this while waited for is a crash loop.
 WORKER_RESTARTS_TOLERATED = 2
-
-
-def ray_exited(container, restarts, tolerated=0):
-    """How a Ray container shows Ray exited in it (see _container.exited_how)."""
-    return _container.exited_how(container, restarts, tolerated)

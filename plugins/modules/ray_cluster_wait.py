@@ -156,14 +156,14 @@ head_log:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _ray
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     DockerException,
-    connect,
     docker_client,
     find_container,
     log_tail,
+    watch_containers,
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
@@ -225,7 +225,7 @@ class ClusterWait:
             container.reload()
         except DockerException as exc:
             raise StopWaiting("the head's Docker engine stopped answering: %s" % exc) from exc
-        gone = _ray.ray_exited(container, self.restarts)
+        gone = _container.exited_how(container, self.restarts)
         if gone == "restarted":
             raise StopWaiting("the head container %s restarted: Ray exited in it" % self.p["container"])
         if gone:
@@ -248,16 +248,8 @@ class ClusterWait:
         return done, _ray.progress_line(self.summary)
 
     def watch_workers(self):
-        """Connect to each worker's engine; note the Ray container's restart count to compare against."""
-        for worker in self.p["workers"]:
-            try:
-                client = connect(worker["docker_host"], self.p["docker_timeout"])
-                found = client.containers.get(worker["container"])
-            except DockerException as exc:
-                self.engines[worker["host"]] = "not watched: %s" % str(exc).strip()[:200]
-                continue
-            self.watched.append((worker, found, found.attrs.get("RestartCount", 0)))
-            self.engines[worker["host"]] = "watched"
+        """Find each worker's Ray container; note its restart count to compare against."""
+        self.watched, self.engines = watch_containers(self.p["workers"], self.p["docker_timeout"])
 
     def check_workers(self):
         for worker, found, restarts in self.watched:
@@ -265,7 +257,7 @@ class ClusterWait:
                 found.reload()
             except DockerException:
                 continue  # the join decides; an engine that stops answering is not Ray's failure
-            gone = _ray.ray_exited(found, restarts, _ray.WORKER_RESTARTS_TOLERATED)
+            gone = _container.exited_how(found, restarts, _ray.WORKER_RESTARTS_TOLERATED)
             if gone in ("exited", "dead", "restarted"):
                 self.worker_log = "--- %s %s log:\n%s" % (
                     worker["host"],

@@ -25,6 +25,7 @@ version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
   - dgx_spark.vllm.docker
+  - dgx_spark.vllm.container
   - dgx_spark.vllm.attributes.STATEFUL
 options:
   name:
@@ -55,11 +56,6 @@ options:
     description: Port of the head's GCS (C(--port) on the head, the default port in O(head_address) on workers).
     type: int
     default: 6379
-  gpus:
-    description:
-      - Physical GPUs on this node. Above 0, the container gets C(--gpus all) (a device request).
-    type: int
-    default: 0
   declared_gpus:
     description:
       - GPUs Ray is told this node has (C(--num-gpus)). Defaults to O(gpus).
@@ -81,46 +77,14 @@ options:
     description: Dashboard port when O(include_dashboard=true).
     type: int
     default: 8265
-  shm_size:
-    description: Shared memory size of the container (used when host IPC is not in effect).
-    type: str
-    default: 16g
-  rdma_devices:
-    description: RDMA device paths to pass through (e.g. C(/dev/infiniband)); adds C(IPC_LOCK) and an unlimited memlock.
-    type: list
-    elements: str
-    default: []
   privileged:
     description: Run privileged. Not needed for GPUs or RDMA; off by default.
     type: bool
     default: false
-  restart_policy:
-    description: Docker restart policy.
-    type: str
-    choices: ["no", always, unless-stopped, on-failure]
-    default: unless-stopped
   env:
     description: Environment of the container (the fabric's C(fabric_nccl_env) dict).
     type: dict
     default: {}
-  mounts:
-    description: Bind mounts (model directory, caches).
-    type: list
-    elements: dict
-    default: []
-    suboptions:
-      source:
-        description: Path on the node.
-        type: str
-        required: true
-      target:
-        description: Path in the container.
-        type: str
-        required: true
-      read_only:
-        description: Mount read-only.
-        type: bool
-        default: false
   labels:
     description: Extra container labels.
     type: dict
@@ -350,27 +314,13 @@ def main():
         node_ip=dict(type="str"),
         head_address=dict(type="str"),
         ray_port=dict(type="int", default=6379),
-        gpus=dict(type="int", default=0),
         declared_gpus=dict(type="int"),
         num_cpus=dict(type="int"),
         include_dashboard=dict(type="bool", default=False),
         dashboard_host=dict(type="str", default="127.0.0.1"),
         dashboard_port=dict(type="int", default=8265),
-        shm_size=dict(type="str", default="16g"),
-        rdma_devices=dict(type="list", elements="str", default=[]),
         privileged=dict(type="bool", default=False),
-        restart_policy=dict(type="str", choices=_container.RESTART_POLICIES, default="unless-stopped"),
         env=dict(type="dict", default={}),
-        mounts=dict(
-            type="list",
-            elements="dict",
-            default=[],
-            options=dict(
-                source=dict(type="str", required=True),
-                target=dict(type="str", required=True),
-                read_only=dict(type="bool", default=False),
-            ),
-        ),
         labels=dict(type="dict", default={}),
         force_restart=dict(type="bool", default=False),
         wait_ready=dict(type="bool", default=True),
@@ -378,6 +328,7 @@ def main():
         log_lines=dict(type="int", default=40),
     )
     argument_spec.update(DOCKER_COMMON_ARGS)
+    argument_spec.update(_container.CONTRACT_ARGS)
     module = AnsibleModule(
         argument_spec=argument_spec,
         required_if=[

@@ -32,6 +32,7 @@ version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
   - dgx_spark.vllm.docker
+  - dgx_spark.vllm.container
   - dgx_spark.vllm.attributes.STATEFUL
 options:
   container:
@@ -221,46 +222,10 @@ options:
       restarts together: a new head needs new ranks).
     type: bool
     default: false
-  gpus:
-    description: backend=mp. Physical GPUs on this node; above 0 the container gets C(--gpus all).
-    type: int
-    default: 0
-  shm_size:
-    description: backend=mp. Shared memory size of the container (used when host IPC is not in effect).
-    type: str
-    default: 16g
-  rdma_devices:
-    description: backend=mp. RDMA device paths to pass through; adds C(IPC_LOCK) and an unlimited memlock.
-    type: list
-    elements: str
-    default: []
-  restart_policy:
-    description: backend=mp. Docker restart policy of the rank container.
-    type: str
-    choices: ["no", always, unless-stopped, on-failure]
-    default: unless-stopped
   container_env:
     description: backend=mp. Environment of the rank container (the fabric's C(fabric_nccl_env)); O(env) is added to it.
     type: dict
     default: {}
-  mounts:
-    description: backend=mp. Bind mounts of the rank container (the model directory).
-    type: list
-    elements: dict
-    default: []
-    suboptions:
-      source:
-        description: Path on the node.
-        type: str
-        required: true
-      target:
-        description: Path in the container.
-        type: str
-        required: true
-      read_only:
-        description: Mount read-only.
-        type: bool
-        default: false
 """
 
 EXAMPLES = r"""
@@ -361,10 +326,10 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, 
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     DockerException,
-    connect,
     docker_client,
     find_container,
     log_tail,
+    watch_containers,
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
@@ -945,16 +910,8 @@ class MpRank(VllmServe):
         return "\n".join([head, *parts])
 
     def watch_workers(self):
-        """Connect to each worker rank's engine; note its container's restart count to compare against."""
-        for worker in self.p["workers"]:
-            try:
-                engine = connect(worker["docker_host"], self.p["docker_timeout"])
-                found = engine.containers.get(worker["container"])
-            except DockerException as exc:
-                self.worker_engines[worker["host"]] = "not watched: %s" % str(exc).strip()[:200]
-                continue
-            self.watched.append((worker, found, found.attrs.get("RestartCount", 0)))
-            self.worker_engines[worker["host"]] = "watched"
+        """Find each worker rank's container; note its restart count to compare against."""
+        self.watched, self.worker_engines = watch_containers(self.p["workers"], self.p["docker_timeout"])
         self.result["worker_engines"] = self.worker_engines
 
     def gone(self):
@@ -1033,23 +990,10 @@ def main():
             ),
         ),
         force_restart=dict(type="bool", default=False),
-        gpus=dict(type="int", default=0),
-        shm_size=dict(type="str", default="16g"),
-        rdma_devices=dict(type="list", elements="str", default=[]),
-        restart_policy=dict(type="str", choices=_container.RESTART_POLICIES, default="unless-stopped"),
         container_env=dict(type="dict", default={}),
-        mounts=dict(
-            type="list",
-            elements="dict",
-            default=[],
-            options=dict(
-                source=dict(type="str", required=True),
-                target=dict(type="str", required=True),
-                read_only=dict(type="bool", default=False),
-            ),
-        ),
     )
     argument_spec.update(DOCKER_COMMON_ARGS)
+    argument_spec.update(_container.CONTRACT_ARGS)
     module = AnsibleModule(
         argument_spec=argument_spec,
         required_if=[

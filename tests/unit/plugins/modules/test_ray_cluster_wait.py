@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _ray, _wait
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _docker, _ray, _wait
 from ansible_collections.dgx_spark.vllm.plugins.modules import ray_cluster_wait
 from fake_docker import FakeClient, FakeContainer, FakeExecResult, inspect, use_client
 from module_runner import fixture_text, run_module
@@ -190,7 +190,7 @@ def worker_engine(monkeypatch):
     attrs["Name"] = "/ray-worker"
     attrs["RestartCount"] = 0
     container = engine.containers.add(FakeContainer(attrs, log=b"Local node IP: 192.0.2.3\n"))
-    monkeypatch.setattr(ray_cluster_wait, "connect", lambda host, _timeout: {"ssh://root@192.0.2.3": engine}[host])
+    monkeypatch.setattr(_docker, "connect", lambda host, _timeout: {"ssh://root@192.0.2.3": engine}[host])
     return container
 
 
@@ -231,7 +231,7 @@ def test_an_unreachable_worker_engine_is_reported_and_the_join_still_decides(mon
     def refuse(host, _timeout):
         raise ray_cluster_wait.DockerException("ssh: connect to host 192.0.2.3 port 22: Connection refused")
 
-    monkeypatch.setattr(ray_cluster_wait, "connect", refuse)
+    monkeypatch.setattr(_docker, "connect", refuse)
     answers(head, [recorded("nodes_head_only.json"), recorded("nodes_two_alive.json")])
     failed, res = run_module(
         monkeypatch,

@@ -6,14 +6,15 @@ import io
 import json
 import os
 import socket
+import types
 from urllib.error import HTTPError
 
 import pytest
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _vllm_args, _wait
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _docker, _vllm_args, _wait
 from ansible_collections.dgx_spark.vllm.plugins.modules import vllm_serve
 from docker.errors import APIError, ContainerError
 from fake_docker import FakeClient, FakeContainer, FakeExecResult, inspect, use_client
-from module_runner import FIXTURES, run_module
+from module_runner import FIXTURES, fixture_text, run_module
 
 # What the flag-asking script printed, run by Debian's python3 on a machine without vLLM.
 NO_ENGINE = (
@@ -535,3 +536,160 @@ def test_a_dead_server_leaves_nothing_of_its_session_behind(monkeypatch, env):
     assert not failed and res["actions"] == ["started"]
     assert head.signals == [(101, 9)]
     assert len(head.launches) == 2
+
+
+# --- backend=mp: each rank a container whose main process is vllm serve --------------------------------
+
+
+class Engine:
+    """A worker node's Docker engine as the head reaches it: one rank container, recorded on the lab."""
+
+    def __init__(self, log=None, restart_on_reload=False):
+        attrs = inspect("container_vllm_mp_rank1.json")
+        text = fixture_text("docker", "container_vllm_mp_rank1.log") if log is None else log
+        self.rank = FakeContainer(attrs, log=text.encode())
+        if restart_on_reload:
+            # The worker's vllm serve exits while the head waits; its restart policy starts it again.
+            def reload():
+                self.rank.attrs["RestartCount"] += 1
+
+            self.rank.reload = reload
+        self.containers = self
+
+    def get(self, name):
+        assert name == "vllm-mp"
+        return self.rank
+
+
+@pytest.fixture
+def mp(monkeypatch):
+    """A node's engine with the runtime image, the head's HTTP API, and a clock the waits run on."""
+    client = use_client(
+        monkeypatch,
+        vllm_serve,
+        FakeClient(images={"lab/vllm:new": {"Id": NEW_IMAGE}}, container_template="container_vllm_mp_rank1.json"),
+    )
+    api = Api(types.SimpleNamespace(alive=True))
+    monkeypatch.setattr(vllm_serve, "open_url", api.open_url)
+    clock = {"now": 0.0}
+
+    def fake_wait(check, timeout, interval=1.0):
+        def sleep(s):
+            clock["now"] += s
+
+        return _wait.wait_for(check, timeout, interval, clock=lambda: clock["now"], sleep=sleep)
+
+    monkeypatch.setattr(vllm_serve, "wait_for", fake_wait)
+    return client, api
+
+
+def mp_args(**over):
+    base = dict(
+        backend="mp",
+        container="vllm-mp",
+        image="lab/vllm:new",
+        nnodes=2,
+        master_addr="198.18.100.11",
+        flag_source="builtin",
+        container_env={"VLLM_HOST_IP": "198.18.100.12", "GLOO_SOCKET_IFNAME": "enp1s0f1np1"},
+        mounts=[{"source": "/var/lib/dgx-spark/models", "target": "/var/lib/dgx-spark/models", "read_only": True}],
+    )
+    base.update(over)
+    return args(**base)
+
+
+WORKERS = [{"host": "spark-2", "rank": 1, "container": "vllm-mp", "docker_host": "ssh://root@198.18.100.12"}]
+
+
+def test_mp_worker_rank_is_a_headless_vllm_serve_container_left_alone_when_unchanged(monkeypatch, mp):
+    client, api = mp
+    worker = mp_args(node_rank=1)
+    failed, res = run_module(monkeypatch, vllm_serve, worker)
+    assert not failed, res
+    assert res["actions"] == ["created"] and res["rank"] == 1
+    kwargs = client.containers.created[0]
+    assert kwargs["name"] == "vllm-mp" and kwargs["image"] == NEW_IMAGE
+    assert kwargs["entrypoint"] == ["vllm"] and kwargs["command"][:2] == ["serve", "/models/lab"]
+    command = kwargs["command"]
+    assert command[command.index("--distributed-executor-backend") + 1] == "mp"
+    assert command[command.index("--node-rank") + 1] == "1" and "--headless" in command
+    assert command[command.index("--master-addr") + 1] == "198.18.100.11"
+    assert kwargs["network_mode"] == "host" and kwargs["ipc_mode"] == "host" and kwargs["init"] is True
+    assert kwargs["restart_policy"] == {"Name": "unless-stopped"}
+    assert kwargs["environment"]["VLLM_HOST_IP"] == "198.18.100.12"
+    # A headless rank serves no API: no key, no Ray placement, and nothing asked over HTTP.
+    assert not {"VLLM_API_KEY", "VLLM_DISTRIBUTED_EXECUTOR_CONFIG"} & set(kwargs["environment"])
+    assert api.requests == []
+    assert kwargs["labels"][vllm_serve.ROLE_LABEL] == "rank-1"
+    assert res["flag_check"].startswith("checked by the head")
+
+    failed, res = run_module(monkeypatch, vllm_serve, worker)
+    assert not failed and not res["changed"] and len(client.containers.created) == 1
+    failed, res = run_module(monkeypatch, vllm_serve, dict(worker, force_restart=True))
+    assert res["actions"] == ["recreated"] and len(client.containers.created) == 2
+    failed, res = run_module(monkeypatch, vllm_serve, dict(worker, max_model_len=1024))
+    assert res["actions"] == ["recreated"]
+
+
+def test_mp_head_rank_waits_for_health_and_verifies_with_the_key_kept_out_of_the_label(monkeypatch, mp):
+    client, api = mp
+    monkeypatch.setattr(_docker, "connect", lambda host, _timeout: {"ssh://root@198.18.100.12": Engine()}[host])
+    api.health_after = 5
+    head = mp_args(node_rank=0, workers=WORKERS)
+    failed, res = run_module(monkeypatch, vllm_serve, head)
+    assert not failed, res
+    kwargs = client.containers.created[0]
+    assert "--headless" not in kwargs["command"]
+    assert kwargs["command"][kwargs["command"].index("--node-rank") + 1] == "0"
+    assert kwargs["environment"]["VLLM_API_KEY"] == "s3cret"
+    assert "s3cret" not in json.dumps(kwargs["labels"]) and "s3cret" not in json.dumps(res)
+    assert res["worker_engines"] == {"spark-2": "watched"}
+    assert res["engine"] == "vllm 0.32.0" and res["completion"] == RECORDED["completion"]["choices"][0]["text"]
+    # Converged: the next run asks /health once and verifies, nothing is recreated.
+    failed, res = run_module(monkeypatch, vllm_serve, head)
+    assert not failed and not res["changed"] and len(client.containers.created) == 1
+
+
+def test_mp_head_fails_at_once_naming_the_worker_whose_rank_exited(monkeypatch, mp):
+    _client, api = mp
+    engine = Engine(restart_on_reload=True)
+    monkeypatch.setattr(_docker, "connect", lambda _host, _timeout: engine)
+    api.health_after = 10_000
+    failed, res = run_module(monkeypatch, vllm_serve, mp_args(node_rank=0, workers=WORKERS, health_timeout=600))
+    assert failed
+    assert "the rank 1 container vllm-mp on spark-2 restarted" in res["msg"]
+    # The worker's own log follows, and whether it joined.
+    assert "--- spark-2 (vllm-mp) rank 1: joined" in res["msg"]
+    assert "headless multiproc executor" in res["msg"]
+    assert res["timings"]["health"] < 5
+
+
+def test_mp_head_timeout_names_the_rank_that_never_joined(monkeypatch, mp):
+    _client, api = mp
+    lonely = fixture_text("docker", "container_vllm_mp_rank1.log").split("[parallel_state.py:2350]")[0]
+    monkeypatch.setattr(_docker, "connect", lambda _host, _timeout: Engine(log=lonely))
+    api.health_after = 10_000
+    failed, res = run_module(monkeypatch, vllm_serve, mp_args(node_rank=0, workers=WORKERS, health_timeout=20))
+    assert failed
+    assert "no 200 from /health within 20s" in res["msg"]
+    assert "--- spark-2 (vllm-mp) rank 1: did not join" in res["msg"]
+
+
+def test_mp_bad_rank_settings_are_refused_naming_them(monkeypatch, mp):
+    client, _api = mp
+    failed, res = run_module(monkeypatch, vllm_serve, mp_args(node_rank=2))
+    assert failed and "node_rank: must be in 0..1, got 2" in res["msg"]
+    failed, res = run_module(monkeypatch, vllm_serve, mp_args(node_rank=1, master_addr=None))
+    assert failed and "master_addr: required" in res["msg"]
+    failed, res = run_module(monkeypatch, vllm_serve, mp_args(node_rank=1, image="lab/vllm:missing"))
+    assert failed and "image: lab/vllm:missing is not on this node" in res["msg"]
+    assert client.containers.created == []
+
+
+def test_mp_absent_removes_the_rank_container(monkeypatch, mp):
+    client, _api = mp
+    run_module(monkeypatch, vllm_serve, mp_args(node_rank=1))
+    failed, res = run_module(monkeypatch, vllm_serve, dict(backend="mp", state="absent", container="vllm-mp"))
+    assert not failed and res["actions"] == ["removed"] and "vllm-mp" not in client.containers.items
+    failed, res = run_module(monkeypatch, vllm_serve, dict(backend="mp", state="absent", container="vllm-mp"))
+    assert not failed and not res["changed"]
