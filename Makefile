@@ -56,7 +56,7 @@ integration: venv engine
 
 # Stage order: each scenario finds the lab as the stages before it left it (the default
 # scenario creates the lab first and destroys it last).
-SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy reconverge
+SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy reconverge mp
 # Molecule's state lives in build/ and starts empty: state left in ~/.ansible/tmp by another checkout
 # named the same (or an interrupted run) would otherwise make it skip creating the lab.
 MOLECULE_STATE := $(CURDIR)/build/molecule-state

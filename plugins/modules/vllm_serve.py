@@ -160,7 +160,7 @@ options:
   port_owners:
     description:
       - Other containers of this collection on this node whose server may hold O(port) (the other backend's).
-        While one runs, O(state=checked) does not require the port to be free: the deploy stops it first.
+        While one runs, O(state=checked) does not require the port to be free (the deploy stops it first).
     type: list
     elements: str
     default: []
@@ -218,8 +218,9 @@ options:
         type: str
         required: true
   force_restart:
-    description: backend=mp. Recreate the rank container even when its configuration is unchanged (every rank
-      restarts together: a new head needs new ranks).
+    description:
+      - backend=mp. Recreate the rank container even when its configuration is unchanged (every rank
+        restarts together, as a new head needs new ranks).
     type: bool
     default: false
   container_env:

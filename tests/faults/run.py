@@ -565,6 +565,125 @@ def case_security(suite):
     suite.case("security-defaults", "API and Ray on the fabric address, no --privileged, no dashboard", body)
 
 
+MP = ("-e", "vllm_server_backend=mp")
+# A killed mp rank must fail the deploy this soon after the kill (issue: a head that waits forever).
+MP_KILL_BOUND = 30
+
+
+def rank_containers():
+    """{node: status of its vllm-mp container or None} and {node: its Ray containers}."""
+    ranks, rays = {}, {}
+    for host in lab.NODES:
+        names = lab.node(host, "docker", "ps", "-a", "--format", "{{.Names}} {{.State}}").split("\n")
+        pairs = dict(line.split(" ", 1) for line in names if line.strip())
+        ranks[host] = pairs.get("vllm-mp")
+        rays[host] = sorted(n for n in pairs if n.startswith("ray-"))
+    return ranks, rays
+
+
+def case_mp(suite):
+    """vllm_server_backend=mp: a worker rank killed while the head waits, a worker unreachable before the
+    ranks start, each repaired by the next deploy; then the switch back to Ray leaves no rank container."""
+
+    def killed():
+        before = lab.snapshots()
+        killed_at = {}
+
+        def kill_worker_rank():
+            lab.node(lab.WORKER, "docker", "kill", "vllm-mp", check=False)
+            killed_at["done"] = time.monotonic()
+
+        def kill(line, _proc):
+            # The worker rank was just (re)created with the switch from Ray; the head now waits for it
+            # (and prints nothing while it does): kill the worker's rank 5 s into the wait.
+            if "TASK [dgx_spark.vllm.vllm_server : Start the head rank" in line and "timer" not in killed_at:
+                killed_at["timer"] = threading.Timer(5, kill_worker_rank)
+                killed_at["timer"].start()
+
+        started = time.monotonic()
+        res = lab.deploy(*MP, timeout=FAIL_BOUND + 60, on_line=kill)
+        if "timer" in killed_at:
+            killed_at["timer"].join()
+        after_kill = started + res.seconds - killed_at["done"] if "done" in killed_at else None
+        play, failed_host, line = lab.first_failure(res)
+        named = "rank 1 container vllm-mp on %s" % lab.WORKER in line
+        damage = lab.intact(before, lab.snapshots())
+        observed = "exit %s; failed %.1fs after the kill in %s on %s, %s; %s" % (
+            res.rc,
+            after_kill if after_kill is not None else -1,
+            play,
+            failed_host,
+            "names the worker" if named else "does NOT name the worker (%s)" % line[:200],
+            damage or "model+image intact",
+        )
+        ok = res.rc != 0 and after_kill is not None and after_kill <= MP_KILL_BOUND and named
+        return ok and play == "The vLLM server" and not damage, observed
+
+    suite.case(
+        "mp-worker-killed-while-head-waits",
+        "deploy fails <%ss after the kill naming vllm-mp on %s" % (MP_KILL_BOUND, lab.WORKER),
+        killed,
+    )
+
+    def serves_mp():
+        before = lab.snapshots()
+        res = lab.deploy(*MP, timeout=REPAIR_BOUND)
+        ok, text = serving()
+        ranks, rays = rank_containers()
+        damage = lab.intact(before, lab.snapshots())
+        observed = "deploy exit %s in %ss; completion %s; ranks %s; Ray containers %s; %s" % (
+            res.rc,
+            res.seconds,
+            "ok" if ok else "FAILED (%s)" % text,
+            ranks,
+            rays,
+            damage or "model+image intact",
+        )
+        good = all(state == "running" for state in ranks.values()) and not any(rays.values())
+        return res.rc == 0 and ok and good and not damage, observed
+
+    suite.case("mp-worker-killed-while-head-waits/next-run", "next deploy serves with mp; no Ray container", serves_mp)
+
+    def unreachable():
+        before = lab.snapshots()
+        net = lab.LAB_NAME + "-mgmt"
+
+        def cut(line, _proc):
+            if line.startswith("PLAY [The vLLM server]"):
+                lab.sh("docker", "network", "disconnect", net, lab.WORKER)
+
+        # A changed setting that would start every rank again: nothing may start without the worker, and
+        # the engine keeps serving the settings it has.
+        try:
+            res = lab.deploy(*MP, "-e", "vllm_server_max_model_len=384", timeout=FAIL_BOUND + 30, on_line=cut)
+        finally:
+            lab.sh("docker", "network", "connect", "--ip", lab.MGMT[lab.WORKER], net, lab.WORKER, check=False)
+        return fails_naming(res, lab.WORKER, "The vLLM server", FAIL_BOUND, before)
+
+    suite.case(
+        "mp-worker-unreachable-before-start",
+        "deploy fails <%ss naming %s in The vLLM server" % (FAIL_BOUND, lab.WORKER),
+        unreachable,
+    )
+    suite.case("mp-worker-unreachable-before-start/next-run", "next deploy serves with mp", serves_mp)
+
+    def back_to_ray():
+        res = lab.deploy(timeout=REPAIR_BOUND)
+        ok, text = serving()
+        ranks, rays = rank_containers()
+        observed = "deploy exit %s in %ss; completion %s; ranks %s; Ray containers %s" % (
+            res.rc,
+            res.seconds,
+            "ok" if ok else "FAILED (%s)" % text,
+            ranks,
+            rays,
+        )
+        good = not any(ranks.values()) and all(len(names) == 1 for names in rays.values())
+        return res.rc == 0 and ok and good, observed
+
+    suite.case("mp-switch-back-to-ray", "serves over Ray; no vllm-mp container left", back_to_ray)
+
+
 def body(suite, args, fresh):
     cases = [
         ("interrupted", lambda: case_interrupted(suite, fresh)),
@@ -580,6 +699,7 @@ def body(suite, args, fresh):
         ("check-mode", lambda: case_check_mode_summary(suite)),
         ("security", lambda: case_security(suite)),
         ("secrets", lambda: case_secrets(suite)),
+        ("mp", lambda: case_mp(suite)),
     ]
     os.makedirs(REPORTS, exist_ok=True)
     if args.only and "interrupted" not in args.only and not serving()[0]:
