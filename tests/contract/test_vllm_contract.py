@@ -33,7 +33,16 @@ def test_the_engine_is_the_pinned_cpu_build(engine):
     assert version == "0.32.0+cpu"
 
 
-def test_every_flag_the_module_emits_exists(engine):
+# The Ray backend, and each rank of the mp backend (the head; a --headless worker).
+BACKENDS = {
+    "ray": {},
+    "mp-head": dict(backend="mp", nnodes=2, node_rank=0, master_addr="198.18.100.11", master_port=29501),
+    "mp-worker": dict(backend="mp", nnodes=2, node_rank=1, master_addr="198.18.100.11", master_port=29501),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_every_flag_the_module_emits_exists(engine, backend):
     flags, _version = engine
     assert _vllm_args.missing_emitted(flags) == []
     argv = _vllm_args.serve_argv(
@@ -47,9 +56,13 @@ def test_every_flag_the_module_emits_exists(engine):
             max_model_len=512,
             gpu_memory_utilization=0.8,
             extra_args=[],
+            **BACKENDS[backend],
         )
     )
-    assert [n for n in _vllm_args.flag_names(argv[3:]) if n not in flags] == []
+    emitted = _vllm_args.flag_names(argv[3:])
+    assert [n for n in emitted if n not in flags] == []
+    if backend != "ray":
+        assert {"--nnodes", "--node-rank", "--master-addr", "--master-port"} <= set(emitted)
 
 
 @pytest.mark.parametrize("inventory", ["spark", "lab"])
