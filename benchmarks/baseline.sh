@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # The plain-shell baseline for benchmarks/run.py: the steps an operator's launcher script does by
 # hand over SSH, with the same container flags, the same `vllm serve` command line and the same
 # readiness criteria as the collection (alive Ray nodes and GPUs, then /health, then one completion).

@@ -1,4 +1,6 @@
 #!/bin/sh
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # Record, read-only, every nvidia-smi query the collection and the simulator use, into DIR.
 # Never sets anything: no -pm, -lgc, -rgc, -ac, -pl, -r. Usage: record.sh DIR
 set -u
