@@ -302,6 +302,13 @@ engine:
   returned: when state is started and not in check mode
   type: str
   sample: vllm 0.33.0
+layout_check:
+  description:
+    - The parallel layout against the model's C(config.json) on this node (head counts and layers, as vLLM
+      splits them); C(deferred) while the model is not there yet (it is checked again before serving).
+  returned: when state is started or checked
+  type: str
+  sample: fits /var/lib/dgx-spark/models/lab-qwen3.5-moe-tiny/config.json
 timings:
   description:
     - Seconds per stage (flag_check, stop, start, health, models, completion, chat).
@@ -323,7 +330,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _image, _vllm_args
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _image, _layout, _vllm_args
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     DockerException,
@@ -489,8 +496,23 @@ class VllmServe:
             errors.append("gpu_memory_utilization: must be in (0, 1], got %s" % gmu)
         if not 0 < self.p["port"] < 65536:
             errors.append("port: %s is not a TCP port; use 1..65535 (vllm_server_port)" % self.p["port"])
+        if not errors:
+            errors += self.layout_problems()
         if errors:
             self.fail("; ".join(errors))
+
+    def layout_problems(self):
+        """The parallel layout against the model's config.json on this node (the same path in the container)."""
+        try:
+            config = _layout.read_config(self.p["model"])
+        except (OSError, ValueError) as exc:
+            return ["model: cannot read %s/config.json on this node: %s" % (self.p["model"], exc)]
+        if config is None:
+            self.result["layout_check"] = "deferred: no config.json in %s on this node yet" % self.p["model"]
+            return []
+        found = _layout.problems(config, self.p["tensor_parallel_size"], self.p["pipeline_parallel_size"])
+        self.result["layout_check"] = "refused" if found else "fits %s/config.json" % self.p["model"]
+        return found
 
     def check_flags(self, client, argv, running):
         """Refuse bad extra_args before anything starts: static checks, then every flag against the

@@ -693,3 +693,21 @@ def test_mp_absent_removes_the_rank_container(monkeypatch, mp):
     assert not failed and res["actions"] == ["removed"] and "vllm-mp" not in client.containers.items
     failed, res = run_module(monkeypatch, vllm_serve, dict(backend="mp", state="absent", container="vllm-mp"))
     assert not failed and not res["changed"]
+
+
+def test_a_layout_the_model_cannot_split_is_refused_before_anything_starts(monkeypatch, env, tmp_path):
+    head, _api = env
+    config = inspect("../vllm_image/config.json")
+    config["text_config"].update(linear_num_key_heads=2, linear_num_value_heads=4)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    failed, res = run_module(
+        monkeypatch, vllm_serve, args(state="checked", model=str(tmp_path), tensor_parallel_size=3)
+    )
+    assert failed
+    assert "vllm_server_tensor_parallel_size: 3 does not split the model's attention heads (4)" in res["msg"]
+    assert res["layout_check"] == "refused" and head.launches == []
+    failed, res = run_module(monkeypatch, vllm_serve, args(state="checked", model=str(tmp_path)))
+    assert not failed, res
+    assert res["layout_check"] == "fits %s/config.json" % tmp_path
+    failed, res = run_module(monkeypatch, vllm_serve, args(state="checked"))
+    assert res["layout_check"].startswith("deferred: no config.json in /models/lab")
