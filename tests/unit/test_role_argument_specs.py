@@ -124,7 +124,7 @@ CALLS = calls()
 
 def test_the_callers_are_found():
     # The deploy enters every node stage with tasks_from: stage and two roles with tasks_from: checks.
-    entries = {(role, entry) for _, role, entry in CALLS}
+    entries = {(role, entry) for _caller, role, entry in CALLS}
     assert ("preflight", "stage") in entries
     assert ("vllm_server", "checks") in entries
 
