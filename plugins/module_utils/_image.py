@@ -211,8 +211,8 @@ def pip_conflicts(lines):
     return sorted(bad, key=lambda line: not line.lower().startswith("vllm "))
 
 
-def evaluate(result, architectures):
-    """Verification facts and the causes that block promotion."""
+def evaluate(result, architectures, require_ray=True):
+    """Verification facts and the causes that block promotion (Ray only where the cluster runs on it)."""
     causes = []
     conflicts = pip_conflicts(result["pip_check"]["lines"]) if result["pip_check"]["rc"] else []
     if result["pip_check"]["rc"] and not conflicts:
@@ -223,10 +223,10 @@ def evaluate(result, architectures):
             causes.append("import %s failed: %s" % (name, result[name]["error"]))
     # Older recorded outputs have no "ray" entry; vLLM images from 0.18 on ship without Ray.
     ray = result.get("ray", {"version": None, "error": None})
-    if ray["error"]:
+    if ray["error"] and require_ray:
         causes.append(
             "import ray failed: %s (the Ray cluster runs inside this image: add Ray with a build or graft that "
-            "pip-installs ray)" % ray["error"]
+            "pip-installs ray, or serve with vllm_server_backend mp, which needs no Ray)" % ray["error"]
         )
     archs = result.get("archs")
     if result.get("archs_error"):

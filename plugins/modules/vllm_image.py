@@ -126,6 +126,13 @@ options:
       - Seconds the verification container may run.
     type: int
     default: 300
+  require_ray:
+    description:
+      - Refuse an image where C(import ray) fails. The Ray backend runs its cluster inside the image; vLLM's
+        own multiprocessing backend (C(vllm_server_backend=mp)) needs no Ray, and vLLM's release images ship
+        without it.
+    type: bool
+    default: true
   verified_record:
     description:
       - A JSON file on this node that remembers passed verifications, keyed by a hash of the image ID,
@@ -419,13 +426,16 @@ class ImageManager:
         return image if self.result["image_id"] else None
 
     def verify(self, image):
-        key = canonical_hash([image.id, self.config_text, self.archs, self.p["python"], VERIFY_SCRIPT])
+        checks = [image.id, self.config_text, self.archs, self.p["python"], VERIFY_SCRIPT]
+        if not self.p["require_ray"]:
+            checks.append("no ray")  # a record made without the Ray check does not pass an image that needs Ray
+        key = canonical_hash(checks)
         records = self.read_records()
         if key in records:
             self.result["verification"] = dict(records[key], recorded=True)
             return []
         output = run_verification(self.client, image.id, self.p["python"], self.config_text, self.p["verify_timeout"])
-        facts, causes = evaluate(parse_verification(output), self.archs)
+        facts, causes = evaluate(parse_verification(output), self.archs, self.p["require_ray"])
         config = image.attrs.get("Config") or {}
         facts.update(passed=not causes, causes=causes, entrypoint=config.get("Entrypoint"), cmd=config.get("Cmd"))
         self.result["verification"] = dict(facts, recorded=False)
@@ -567,6 +577,7 @@ def main():
         in_service_tag=dict(type="str", default="dgx-spark/vllm-runtime:in-service"),
         verify_timeout=dict(type="int", default=300),
         verified_record=dict(type="path"),
+        require_ray=dict(type="bool", default=True),
         peers=dict(
             type="list",
             elements="dict",

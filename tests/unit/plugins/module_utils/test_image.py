@@ -127,8 +127,15 @@ def test_image_without_ray_is_refused():
     facts, causes = _image.evaluate(result, [ARCH])
     assert len(causes) == 1
     assert causes[0].startswith("import ray failed: ModuleNotFoundError")
-    assert "pip-installs ray" in causes[0]
+    assert "pip-installs ray" in causes[0] and "vllm_server_backend mp" in causes[0]
     assert facts["ray_version"] is None
+
+
+def test_image_without_ray_passes_for_the_mp_backend():
+    result = recorded("verify-runtime-donor.txt")
+    result["ray"] = {"version": None, "error": "ModuleNotFoundError: No module named 'ray'"}
+    facts, causes = _image.evaluate(result, [ARCH], require_ray=False)
+    assert causes == [] and facts["ray_version"] is None
 
 
 def test_pip_conflicts_put_vllm_first():
