@@ -859,7 +859,8 @@ class MpRank(VllmServe):
         after = before if plan is None else dict(name=p["container"], status="running", config_hash=digest)
         self.result["diff"] = dict(before=before, after=dict(after, command=argv))
         if p["state"] == "checked":
-            if p["node_rank"] == 0 and not self.port_owned(client):
+            # This rank's own running server holds the port, as may the other backend's.
+            if p["node_rank"] == 0 and not running and not self.port_owned(client):
                 self.check_port_free()
             self.module.exit_json(**self.result)
         if plan is not None:

@@ -711,3 +711,22 @@ def test_a_layout_the_model_cannot_split_is_refused_before_anything_starts(monke
     assert res["layout_check"] == "fits %s/config.json" % tmp_path
     failed, res = run_module(monkeypatch, vllm_serve, args(state="checked"))
     assert res["layout_check"].startswith("deferred: no config.json in /models/lab")
+
+
+def test_the_port_check_lets_the_other_backends_server_hold_the_port_only(monkeypatch, env, client):
+    """A switch from mp: the head's port is held by the vllm-mp container the deploy stops next; any other
+    holder is refused before anything starts."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        failed, res = run_module(monkeypatch, vllm_serve, args(state="checked", port=port, port_owners=["vllm-mp"]))
+        assert failed and "already in use on the head" in res["msg"]
+        attrs = inspect("container_vllm_mp_rank1.json")
+        attrs["Name"] = "/vllm-mp"
+        client.containers.add(FakeContainer(attrs))
+        failed, res = run_module(monkeypatch, vllm_serve, args(state="checked", port=port, port_owners=["vllm-mp"]))
+        assert not failed, res
+    finally:
+        listener.close()
