@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover - reported through fail_json
 __all__ = [
     "DOCKER_COMMON_ARGS",
     "HAS_DOCKER",
+    "WATCHED_CONTAINER_OPTIONS",
     "APIError",
     "DockerException",
     "ImageNotFound",
@@ -35,6 +36,14 @@ __all__ = [
 DOCKER_COMMON_ARGS = dict(
     docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
     docker_timeout=dict(type="int", default=120),
+)
+
+
+# The options of a container another node's engine holds, watched from this node (see watch_containers).
+WATCHED_CONTAINER_OPTIONS = dict(
+    host=dict(type="str", required=True),
+    docker_host=dict(type="str", required=True),
+    container=dict(type="str", required=True),
 )
 
 

@@ -159,6 +159,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _ray
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
+    WATCHED_CONTAINER_OPTIONS,
     DockerException,
     docker_client,
     find_container,
@@ -325,11 +326,7 @@ def main():
             type="list",
             elements="dict",
             default=[],
-            options=dict(
-                host=dict(type="str", required=True),
-                docker_host=dict(type="str", required=True),
-                container=dict(type="str", default="ray-worker"),
-            ),
+            options=dict(WATCHED_CONTAINER_OPTIONS, container=dict(type="str", default="ray-worker")),
         ),
         python=dict(type="str", default="python3"),
         log_lines=dict(type="int", default=40),

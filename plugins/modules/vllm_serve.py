@@ -333,6 +333,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _image, _layout, _vllm_args
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
+    WATCHED_CONTAINER_OPTIONS,
     DockerException,
     docker_client,
     find_container,
@@ -1006,12 +1007,7 @@ def main():
             type="list",
             elements="dict",
             default=[],
-            options=dict(
-                host=dict(type="str", required=True),
-                rank=dict(type="int", required=True),
-                container=dict(type="str", required=True),
-                docker_host=dict(type="str", required=True),
-            ),
+            options=dict(WATCHED_CONTAINER_OPTIONS, rank=dict(type="int", required=True)),
         ),
         force_restart=dict(type="bool", default=False),
         container_env=dict(type="dict", default={}),

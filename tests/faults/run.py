@@ -75,6 +75,20 @@ def repaired_by_reconverge(inject, via="reconverge"):
     return good_rc and ok and not damage, observed
 
 
+def deploy_with_worker_cut_off(play, *args):
+    """A deploy that loses the worker (its management network) as `play` starts; reconnected after."""
+    net = lab.LAB_NAME + "-mgmt"
+
+    def cut(line, _proc):
+        if line.startswith("PLAY [%s]" % play):
+            lab.sh("docker", "network", "disconnect", net, lab.WORKER)
+
+    try:
+        return lab.deploy(*args, timeout=FAIL_BOUND + 30, on_line=cut)
+    finally:
+        lab.sh("docker", "network", "connect", "--ip", lab.MGMT[lab.WORKER], net, lab.WORKER, check=False)
+
+
 def fails_naming(res, host, stage, bound, before):
     play, failed_host, line = lab.first_failure(res)
     after = lab.snapshots()
@@ -154,17 +168,8 @@ def case_interrupted(suite, fresh):
 def case_worker_unreachable(suite):
     def body():
         before = lab.snapshots()
-        net = lab.LAB_NAME + "-mgmt"
-
-        def cut(line, _proc):
-            # Every node stage is done (or found converged): cut the worker off as the Ray stage starts.
-            if line.startswith("PLAY [Ray cluster]"):
-                lab.sh("docker", "network", "disconnect", net, lab.WORKER)
-
-        try:
-            res = lab.deploy(timeout=FAIL_BOUND + 30, on_line=cut)
-        finally:
-            lab.sh("docker", "network", "connect", "--ip", lab.MGMT[lab.WORKER], net, lab.WORKER, check=False)
+        # Every node stage is done (or found converged): cut the worker off as the Ray stage starts.
+        res = deploy_with_worker_cut_off("Ray cluster")
         return fails_naming(res, lab.WORKER, "Ray cluster", FAIL_BOUND, before)
 
     suite.case(
@@ -646,18 +651,9 @@ def case_mp(suite):
 
     def unreachable():
         before = lab.snapshots()
-        net = lab.LAB_NAME + "-mgmt"
-
-        def cut(line, _proc):
-            if line.startswith("PLAY [The vLLM server]"):
-                lab.sh("docker", "network", "disconnect", net, lab.WORKER)
-
         # A changed setting that would start every rank again: nothing may start without the worker, and
         # the engine keeps serving the settings it has.
-        try:
-            res = lab.deploy(*MP, "-e", "vllm_server_max_model_len=384", timeout=FAIL_BOUND + 30, on_line=cut)
-        finally:
-            lab.sh("docker", "network", "connect", "--ip", lab.MGMT[lab.WORKER], net, lab.WORKER, check=False)
+        res = deploy_with_worker_cut_off("The vLLM server", *MP, "-e", "vllm_server_max_model_len=384")
         return fails_naming(res, lab.WORKER, "The vLLM server", FAIL_BOUND, before)
 
     suite.case(
