@@ -227,6 +227,37 @@ options:
     description: backend=mp. Environment of the rank container (the fabric's C(fabric_nccl_env)); O(env) is added to it.
     type: dict
     default: {}
+  node_memory:
+    description:
+      - Each node the layout spans (one GPU each, as a Spark's GB10), with its C(/proc/meminfo) text. With it, the
+        model's weights (split evenly over these nodes) and the KV cache of one O(max_model_len) sequence (from
+        C(config.json), as vLLM sizes it) are held against MemTotal x O(gpu_memory_utilization) (vLLM's default
+        when unset) on every node, and a layout that cannot fit is refused before anything starts.
+      - The weights' size comes from the model directory on this node (its index's C(metadata.total_size), else its
+        C(*.safetensors)); before the model is there, from the hub's file list (O(hub_repo_id)); when neither can
+        tell, the check is deferred (it runs again with O(state=started), and on mp ranks, once the model is there).
+      - Empty skips the check.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      host:
+        description: Inventory name of the node.
+        type: str
+        required: true
+      meminfo:
+        description: The node's C(/proc/meminfo).
+        type: str
+        required: true
+  hub_repo_id:
+    description: The Hugging Face repository the model is downloaded from; only asked for its file sizes.
+    type: str
+  hub_revision:
+    description: Revision of O(hub_repo_id).
+    type: str
+  hub_token:
+    description: Token for O(hub_repo_id).
+    type: str
 """
 
 EXAMPLES = r"""
@@ -309,6 +340,15 @@ layout_check:
   returned: when state is started or checked
   type: str
   sample: fits /var/lib/dgx-spark/models/lab-qwen3.5-moe-tiny/config.json
+memory_fit:
+  description:
+    - The memory check (O(node_memory)); check is C(fits <numbers>), C(refused), C(deferred <why>) or C(skipped <why>)
+      (each followed by a colon), with the numbers in bytes (weights_bytes, weights_source, weights_per_node_bytes,
+      kv_per_node_bytes, need_per_node_bytes, max_model_len, gpu_memory_utilization, kv, ranks_per_node, nodes with
+      host, mem_total_bytes and budget_bytes).
+  returned: when state is started or checked and no other input was refused first
+  type: dict
+  sample: {check: "fits: 56.24 GiB needed per node, 96.80 GiB allowed on the tightest", weights_bytes: 119000000000}
 timings:
   description:
     - Seconds per stage (flag_check, stop, start, health, models, completion, chat).
@@ -330,7 +370,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _image, _layout, _vllm_args
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _image, _layout, _memory_fit, _vllm_args
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     WATCHED_CONTAINER_OPTIONS,
@@ -499,6 +539,8 @@ class VllmServe:
             errors.append("port: %s is not a TCP port; use 1..65535 (vllm_server_port)" % self.p["port"])
         if not errors:
             errors += self.layout_problems()
+        if not errors:
+            errors += self.memory_problems()
         if errors:
             self.fail("; ".join(errors))
 
@@ -513,6 +555,14 @@ class VllmServe:
             return []
         found = _layout.problems(config, self.p["tensor_parallel_size"], self.p["pipeline_parallel_size"])
         self.result["layout_check"] = "refused" if found else "fits %s/config.json" % self.p["model"]
+        return found
+
+    def memory_problems(self):
+        """The weights and one max_model_len sequence against each node's memory (GB10: unified)."""
+        p = self.p
+        weights, source = _memory_fit.weights_size(p["model"], p["hub_repo_id"], p["hub_revision"], p["hub_token"])
+        config = _layout.read_config(p["model"])
+        found, self.result["memory_fit"] = _memory_fit.check(p, config, weights, source, p["node_memory"])
         return found
 
     def check_flags(self, client, argv, running):
@@ -1011,6 +1061,15 @@ def main():
         ),
         force_restart=dict(type="bool", default=False),
         container_env=dict(type="dict", default={}),
+        node_memory=dict(
+            type="list",
+            elements="dict",
+            default=[],
+            options=dict(host=dict(type="str", required=True), meminfo=dict(type="str", required=True)),
+        ),
+        hub_repo_id=dict(type="str"),
+        hub_revision=dict(type="str"),
+        hub_token=dict(type="str", no_log=True),
     )
     argument_spec.update(DOCKER_COMMON_ARGS)
     argument_spec.update(_container.CONTRACT_ARGS)

@@ -288,6 +288,16 @@ CASES = [
         "TP=2 x PP=3",
     ),
     (
+        # The lab's model with a context no lab node's memory holds: the KV cache of one sequence is over
+        # MemTotal x vLLM's default utilization (tests/unit/fixtures/memory_fit has the 122B on 64 GB nodes).
+        "deploy-memory-does-not-fit",
+        "deploy",
+        "deploy",
+        {"vllm_server_max_model_len": 1000000000},
+        "vllm_server_max_model_len 1000000000",
+        "a lower vllm_server_max_model_len",
+    ),
+    (
         "deploy-backend-unknown",
         "deploy",
         "deploy",

@@ -730,3 +730,61 @@ def test_the_port_check_lets_the_other_backends_server_hold_the_port_only(monkey
         assert not failed, res
     finally:
         listener.close()
+
+
+def memory_nodes(meminfo):
+    with open(os.path.join(FIXTURES, "memory_fit", meminfo), encoding="utf-8") as handle:
+        text = handle.read()
+    return [{"host": "spark-1", "meminfo": text}, {"host": "spark-2", "meminfo": text}]
+
+
+def big_model(tmp_path):
+    """The 122B profile's model directory (tests/unit/fixtures/memory_fit: built from published numbers)."""
+    for kind, name in (("config", "config.json"), ("index", "model.safetensors.index.json")):
+        source = os.path.join(
+            FIXTURES, "memory_fit", "qwen3.5-122b-a10b-fp8.built-from-published-numbers.%s.json" % kind
+        )
+        with open(source, encoding="utf-8") as handle:
+            (tmp_path / name).write_text(handle.read())
+    return dict(model=str(tmp_path), max_model_len=65536, gpu_memory_utilization=0.8)
+
+
+def test_the_122b_profile_on_64gb_nodes_is_refused_before_anything_starts(monkeypatch, env, tmp_path):
+    head, _api = env
+    small = memory_nodes("meminfo-64gb-node.built.txt")
+    failed, res = run_module(monkeypatch, vllm_serve, args(state="checked", node_memory=small, **big_model(tmp_path)))
+    assert failed and res["msg"].startswith("memory: vllm_server_tensor_parallel_size 2 x")
+    assert "= 56.24 GiB needed, over the budget of spark-1, spark-2: MemTotal 64.00 GiB" in res["msg"]
+    assert res["memory_fit"]["check"] == "refused" and res["memory_fit"]["weights_bytes"] == 119_000_000_000
+    assert head.launches == [] and head.asks == 0
+    spark = memory_nodes("meminfo-gb10-128gb.built-from-published-numbers.txt")
+    failed, res = run_module(monkeypatch, vllm_serve, args(state="checked", node_memory=spark, **big_model(tmp_path)))
+    assert not failed, res
+    assert res["memory_fit"]["check"] == "fits: 56.24 GiB needed per node, 96.80 GiB allowed on the tightest"
+    failed, res = run_module(monkeypatch, vllm_serve, args(state="checked", **big_model(tmp_path)))
+    assert not failed and res["memory_fit"]["check"] == "skipped: node_memory not given"
+
+
+def test_the_memory_check_defers_when_the_hub_cannot_be_asked(monkeypatch, env, tmp_path):
+    asked = []
+
+    def hub(repo_id, revision=None, token=None, api=None):
+        asked.append((repo_id, revision, token))
+        return None, "the hub did not answer for %s: offline" % repo_id
+
+    monkeypatch.setattr(vllm_serve._memory_fit, "hub_weights", hub)
+    small = memory_nodes("meminfo-64gb-node.built.txt")
+    failed, res = run_module(
+        monkeypatch,
+        vllm_serve,
+        args(
+            state="checked", model=str(tmp_path / "none"), node_memory=small, hub_repo_id="Qwen/Qwen3.5-122B-A10B-FP8"
+        ),
+    )
+    assert not failed, res
+    assert res["memory_fit"]["check"].startswith("deferred: the weights' size is not known (")
+    assert (
+        "the hub did not answer for Qwen/Qwen3.5-122B-A10B-FP8: offline); checked again before serving"
+        in (res["memory_fit"]["check"])
+    )
+    assert asked == [("Qwen/Qwen3.5-122B-A10B-FP8", None, None)]
