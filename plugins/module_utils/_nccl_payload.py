@@ -6,14 +6,20 @@ This file is not imported by modules: nccl_test copies its text to the node and 
 script, one process per GPU. It needs only the standard library and PyTorch, measures raw times,
 checks result values, and prints one JSON line on global rank 0. Bandwidth arithmetic is done by
 the module (``_nccl_test.py``), so it stays unit-testable without torch or GPUs.
+
+With ``--library`` it instead reports, as raw facts, which libnccl the image's Python loads (no GPU
+needed); ``_nccl_library.py`` classifies them.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
+import glob
 import json
 import os
+import re
 import socket
 import sys
 
@@ -21,6 +27,10 @@ RESULT_MARKER = "NCCL_TEST_RESULT "
 # Per-rank buffer ceiling: a 16 GB test exhausted a Spark's unified memory and froze the node.
 MAX_BYTES = 1 << 30
 ELEMENT_BYTES = 4  # float32; small integers stay exact, so results can be compared exactly
+# libnccl.so, libnccl.so.2, libnccl.so.2.27.3; not the libnccl-net.so plugins.
+NCCL_FILE = re.compile(r"libnccl\.so(\.\d+)*$")
+# vLLM's pynccl opens this name (or VLLM_NCCL_SO_PATH) with ctypes.
+NCCL_SONAME = "libnccl.so.2"
 
 
 def _emit(payload):
@@ -30,12 +40,133 @@ def _emit(payload):
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", required=True, help="comma-separated sizes in bytes")
+    parser.add_argument("--library", action="store_true", help="only report which libnccl is loaded")
+    parser.add_argument("--sizes", help="comma-separated sizes in bytes (required without --library)")
     parser.add_argument("--ops", default="all_reduce,all_gather")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--timeout", type=int, default=300, help="seconds for NCCL init and each collective")
     return parser.parse_args(argv)
+
+
+def mapped_nccl():
+    """Every libnccl file mapped into this process, as the kernel names it (the resolved path)."""
+    paths = []
+    with open("/proc/self/maps", encoding="utf-8") as handle:
+        for line in handle:
+            fields = line.split(None, 5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if NCCL_FILE.search(os.path.basename(path)) and path not in paths:
+                paths.append(path)
+    return paths
+
+
+def _same_files(paths, files):
+    """The paths that are one of files, through symbolic links (libnccl.so.2 -> libnccl.so.2.27.3)."""
+    real = {os.path.realpath(f) for f in files}
+    return [p for p in paths if os.path.realpath(p) in real]
+
+
+def _pip_owners(paths):
+    """Installed distributions that ship a libnccl file: name, version, files; loaded: those in paths."""
+    try:
+        from importlib import metadata  # noqa: PLC0415 - Python 3.8 and later
+    except ImportError:
+        return []
+    owners = []
+    for dist in metadata.distributions():
+        if "libnccl" not in (dist.read_text("RECORD") or ""):
+            continue
+        files = [str(dist.locate_file(f)) for f in dist.files or () if NCCL_FILE.search(f.name)]
+        owners.append(
+            {
+                "name": dist.metadata["Name"],
+                "version": dist.version,
+                "files": files,
+                "loaded": _same_files(paths, files),
+            }
+        )
+    return owners
+
+
+def _dpkg_owners(paths, info_dir="/var/lib/dpkg/info", status="/var/lib/dpkg/status"):
+    """Debian packages with nccl in their name (cheap to find) and their libnccl files; loaded: those in paths."""
+    owners = []
+    for listing in sorted(glob.glob(os.path.join(info_dir, "*nccl*.list"))):
+        with open(listing, encoding="utf-8", errors="replace") as handle:
+            files = [line.strip() for line in handle if NCCL_FILE.search(os.path.basename(line.strip()))]
+        name = os.path.basename(listing)[: -len(".list")].split(":")[0]
+        owners.append({"name": name, "files": files, "loaded": _same_files(paths, files)})
+    if owners and os.path.exists(status):
+        versions = {}
+        with open(status, encoding="utf-8", errors="replace") as handle:
+            for block in handle.read().split("\n\n"):
+                fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and line[0] != " ")
+                versions[fields.get("Package")] = fields.get("Version")
+        for owner in owners:
+            owner["version"] = versions.get(owner["name"])
+    return owners
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def _nccl_in(lib):
+    """ncclGetVersion as found through a ctypes handle: the file it lives in (dladdr) and its version code."""
+    function = lib.ncclGetVersion
+    code = ctypes.c_int()
+    function(ctypes.byref(code))
+    found = {"version_code": code.value}
+    info = _DlInfo()
+    try:
+        if ctypes.CDLL(None).dladdr(ctypes.cast(function, ctypes.c_void_p), ctypes.byref(info)) and info.dli_fname:
+            found["file"] = os.path.realpath(info.dli_fname.decode())
+    except AttributeError:  # dladdr lives in libdl before glibc 2.34
+        pass
+    return found
+
+
+def library_facts():
+    """Which libnccl this Python loads, as torch and vLLM's pynccl load it: raw facts, no judgement."""
+    facts = {"python": sys.version.split()[0], "env": {}}
+    for name in ("VLLM_NCCL_SO_PATH", "LD_LIBRARY_PATH", "LD_PRELOAD"):
+        if os.environ.get(name):
+            facts["env"][name] = os.environ[name]
+    try:
+        import torch  # noqa: PLC0415 - only inside the runtime image
+    except ImportError as exc:
+        facts["torch_error"] = str(exc)
+    else:
+        facts["torch"] = torch.__version__
+        facts["torch_cuda"] = torch.version.cuda
+        try:
+            # The nccl.h torch was compiled with, not the library loaded now.
+            facts["torch_built_with_nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception as exc:  # a CPU build has no NCCL binding at all
+            facts["torch_nccl_error"] = "%s: %s" % (type(exc).__name__, exc)
+    facts["mapped_after_torch"] = mapped_nccl()
+    # What the process's global symbol scope answers (LD_PRELOAD first): what torch's calls bind to.
+    try:
+        facts["global"] = _nccl_in(ctypes.CDLL(None))
+    except AttributeError as exc:
+        facts["global"] = {"error": str(exc)}
+    name = os.environ.get("VLLM_NCCL_SO_PATH") or NCCL_SONAME
+    try:
+        # As vLLM's pynccl opens it; a library of that soname already loaded is returned as is.
+        facts["dlopen"] = _nccl_in(ctypes.CDLL(name))
+    except (OSError, AttributeError) as exc:
+        facts["dlopen"] = {"error": str(exc)}
+    facts["dlopen"]["name"] = name
+    facts["mapped"] = mapped_nccl()
+    facts["pip"] = _pip_owners(facts["mapped"])
+    facts["dpkg"] = _dpkg_owners(facts["mapped"])
+    return facts
 
 
 def _check(torch, tensor, expected, what):
@@ -126,7 +257,13 @@ def _gather_ranks(dist, torch):
 
 def run(argv=None):
     args = _parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",") if s]
+    if args.library:
+        _emit({"library": library_facts()})
+        return 0
+    sizes = [int(s) for s in (args.sizes or "").split(",") if s]
+    if not sizes:
+        _emit({"failed": True, "reason": "--sizes is required"})
+        return 2
     too_big = [s for s in sizes if s > MAX_BYTES or s < 1]
     if too_big:
         _emit({"failed": True, "reason": "sizes out of range 1..%d bytes: %s" % (MAX_BYTES, too_big)})

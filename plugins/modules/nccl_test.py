@@ -22,6 +22,10 @@ description:
     all GPUs, O(devices)), with the entrypoint overridden by O(python). Without it, runs O(python) on the node.
   - A node without an NVIDIA GPU, or an image whose PyTorch sees none, is reported as skipped with
     the reason, never as a number.
+  - Before the test, and also where it is skipped, reads which NCCL library the image's Python loads
+    (RV(library)), that is the file vLLM's pynccl opens (C(libnccl.so.2) or C(VLLM_NCCL_SO_PATH)) and the
+    one torch's calls bind to, each with its version and whether the pip wheel or the system package
+    installed it; C(not available) with the reason where there is none (a CPU build of torch).
 version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
@@ -106,6 +110,10 @@ options:
     type: str
     choices: [all_reduce, all_gather]
     default: all_gather
+  run_test:
+    description: Run the collective test. With V(false), only the NCCL library is read (RV(library)).
+    type: bool
+    default: true
 """
 
 EXAMPLES = r"""
@@ -118,6 +126,13 @@ EXAMPLES = r"""
     nnodes: "{{ groups['spark'] | length }}"
     node_rank: "{{ groups['spark'].index(inventory_hostname) }}"
   register: nccl
+
+- name: Which NCCL library the runtime image loads, without running a collective
+  dgx_spark.vllm.nccl_test:
+    image: "{{ runtime_image_id }}"
+    master_addr: 127.0.0.1
+    run_test: false
+  register: nccl_library
 """
 
 RETURN = r"""
@@ -173,6 +188,26 @@ log_tail:
   description: Last lines of the test's output, NCCL's included.
   returned: when the test ran
   type: str
+library:
+  description:
+    - The NCCL library the image's Python loads, read on this node; C(line) says it in one line.
+    - C(build) is C(pip) (an C(nvidia-nccl-cu*) wheel), C(system) (an OS package such as C(libnccl2)),
+      C(static) (linked into torch) or C(other); C(builds) holds every build in use (two when torch's
+      calls and vLLM's pynccl load different files).
+  returned: always
+  type: dict
+  sample:
+    available: true
+    build: pip
+    builds: [pip]
+    name: libnccl.so.2
+    version: 2.28.9
+    version_from: ncclGetVersion
+    package: nvidia-nccl-cu13 2.28.9
+    path: /opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
+    line: >-
+      libnccl.so.2 2.28.9 (pip nvidia-nccl-cu13 2.28.9)
+      /opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
 """
 
 import inspect
@@ -183,6 +218,7 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _nccl_payload
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, APIError, docker_client
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._nccl_library import describe
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._nccl_test import (
     DEFAULT_SIZES,
     DEFAULT_THRESHOLD_GBPS,
@@ -216,6 +252,7 @@ class NcclTest:
     def __init__(self, module):
         self.module = module
         self.params = module.params
+        self.library = None
 
     def skipped(self, reason):
         return dict(
@@ -227,7 +264,18 @@ class NcclTest:
             transport={},
             passed=False,
             problems=[],
+            library=self.library,
         )
+
+    def read_library(self, gpus, payload):
+        """Which libnccl the image's Python loads: a short run of the payload, GPUs passed where there are any."""
+        rc, log, _command = self.run([payload, "--library"], gpus, test=False)
+        found = parse_payload_output(log)
+        if rc == 0 and found and "library" in found:
+            return describe(found["library"])
+        last = (log.strip().splitlines() or ["no output"])[-1]
+        reason = "the library read exited %d: %s" % (rc, last)
+        return dict(available=False, build=None, builds=[], reason=reason, line="not available: %s" % reason)
 
     def gpus_here(self):
         smi = NvidiaSmi(self.module)
@@ -245,6 +293,9 @@ class NcclTest:
             )
         return count, None if count else "nvidia-smi lists no GPU on this node"
 
+    def run(self, args, gpus=True, test=True):
+        return self.run_image(args, gpus, test) if self.params["image"] else self.run_host(args)
+
     def run_host(self, args):
         timeout = self.module.get_bin_path("timeout", required=True)
         python = self.module.get_bin_path(self.params["python"], required=True)
@@ -255,12 +306,12 @@ class NcclTest:
         )
         return rc, out + err, command
 
-    def run_image(self, args):
+    def run_image(self, args, gpus, test):
         client = docker_client(self.module)
         devices = ["%s:%s:rwm" % (d, d) for d in self.params["devices"]]
         command = [self.params["python"], *args]
         try:
-            container = self.start_container(client, args, devices)
+            container = self.start_container(client, args, devices, gpus, test)
         except APIError as exc:
             if "could not select device driver" in str(exc):
                 self.module.fail_json(
@@ -278,21 +329,22 @@ class NcclTest:
             container.remove(force=True)
         return rc, log, command
 
-    def start_container(self, client, args, devices):
+    def start_container(self, client, args, devices, gpus, test):
         from docker.types import DeviceRequest, Ulimit  # noqa: PLC0415 - only with image, guarded by docker_client()
 
+        # The library read needs no network, RDMA or locked memory (an engine without CAP_SYS_RESOURCE refuses it).
         return client.containers.run(
             self.params["image"],
             entrypoint=[self.params["python"]],
             command=args,
             detach=True,
-            network_mode="host",
-            ipc_mode="host",
-            device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
-            devices=devices,
+            network_mode="host" if test else "none",
+            ipc_mode="host" if test else None,
+            device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else [],
+            devices=devices if test else [],
             environment=self.env(),
             volumes={self.workdir: {"bind": CONTAINER_DIR, "mode": "ro"}},
-            ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)],
+            ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)] if test else [],
             labels={"dgx_spark.vllm.role": "nccl_test"},
         )
 
@@ -301,32 +353,31 @@ class NcclTest:
         env.setdefault("NCCL_DEBUG", "INFO")
         return env
 
-    def run(self):
+    def test(self):
         errors = check_params(self.params)
         if errors:
             self.module.fail_json(msg="; ".join(errors))
         count, reason = self.gpus_here()
-        if not count:
-            return self.skipped(reason)
         gpus = self.params["gpus_per_node"] or count
         self.workdir = tempfile.mkdtemp(prefix="nccl_test_", dir=self.module.tmpdir)
         try:
             with open(os.path.join(self.workdir, PAYLOAD_NAME), "w", encoding="utf-8") as handle:
                 handle.write(payload_source())
             os.chmod(self.workdir, 0o755)  # noqa: S103 - the container user must read the payload
-            if self.params["image"]:
-                args = launch_args(self.params, gpus, CONTAINER_DIR + "/" + PAYLOAD_NAME)
-                rc, log, command = self.run_image(args)
-            else:
-                args = launch_args(self.params, gpus, os.path.join(self.workdir, PAYLOAD_NAME))
-                rc, log, command = self.run_host(args)
+            payload = (CONTAINER_DIR + "/" if self.params["image"] else self.workdir + "/") + PAYLOAD_NAME
+            self.library = self.read_library(count > 0, payload)
+            if not count:
+                return self.skipped(reason)
+            if not self.params["run_test"]:
+                return self.skipped("run_test is false: only the NCCL library was read")
+            rc, log, command = self.run(launch_args(self.params, gpus, payload))
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
         return self.judge(rc, log, command)
 
     def judge(self, rc, log, command):
         tail = "\n".join(log.splitlines()[-LOG_TAIL_LINES:])
-        extra = dict(command=command, log_tail=tail)
+        extra = dict(command=command, log_tail=tail, library=self.library)
         if self.params["image"]:
             extra["entrypoint"] = self.params["python"]
         payload = parse_payload_output(log)
@@ -385,10 +436,11 @@ def main():
         timeout=dict(type="int", default=600),
         threshold_gbps=dict(type="float", default=DEFAULT_THRESHOLD_GBPS),
         threshold_op=dict(type="str", choices=list(OPS), default="all_gather"),
+        run_test=dict(type="bool", default=True),
     )
     argument_spec.update(DOCKER_COMMON_ARGS)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    module.exit_json(**NcclTest(module).run())
+    module.exit_json(**NcclTest(module).test())
 
 
 if __name__ == "__main__":

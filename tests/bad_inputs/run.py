@@ -280,6 +280,14 @@ CASES = [
         "NCCL_IB_HCA",
     ),
     (
+        "deploy-nccl-library-unknown",
+        "deploy",
+        "deploy",
+        {"validate_nccl_library": "nccl"},
+        "validate_nccl_library",
+        "any, pip, system",
+    ),
+    (
         "deploy-tp-does-not-split-heads",
         "deploy",
         "deploy",

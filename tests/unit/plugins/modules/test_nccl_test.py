@@ -1,4 +1,5 @@
-"""nccl_test: skip, host and image runs, timeout and verdicts, on payload output recorded on two H200s."""
+"""nccl_test: skip, host and image runs, timeout and verdicts, on payload output recorded on two H200s;
+the NCCL library read, on its output recorded on an H200 and in the lab's CPU runtime image."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from module_runner import fixture_text, run_module
 ARGS = dict(master_addr="127.0.0.1", timeout=120)
 
 
-def host_run(monkeypatch, log_name=None, *, rc=0, text=None, present=True, device_nodes=True):
+def host_run(monkeypatch, log_name=None, *, rc=0, text=None, present=True, device_nodes=True, library="default.out"):
     smi = FakeSmi().install(monkeypatch, present=present)
     # The driver's control device: this test file stands in for one that exists.
     monkeypatch.setattr(nccl_test, "NVIDIA_CONTROL_DEVICE", __file__ if device_nodes else "/nonexistent/nvidiactl")
     seen = {}
 
     def other(args, **kwargs):
+        if "--library" in args:
+            seen["library_args"] = args
+            return 0, fixture_text("nccl_library", library), ""
         seen["args"], seen["env"] = args, kwargs.get("environ_update")
         with open(args[args.index("-m") + 7], encoding="utf-8") as handle:  # payload path
             seen["payload"] = handle.read()
@@ -26,10 +30,35 @@ def host_run(monkeypatch, log_name=None, *, rc=0, text=None, present=True, devic
 
 
 def test_no_gpu_is_skipped_without_running(monkeypatch):
-    smi, seen = host_run(monkeypatch, "nccl_default", present=False)
+    _smi, seen = host_run(monkeypatch, "nccl_default", present=False, library="lab_runtime.out")
     failed, result = run_module(monkeypatch, nccl_test, ARGS)
     assert not failed and result["skipped"] and "not installed" in result["reason"]
-    assert result["results"] == [] and "args" not in seen and smi.calls == []
+    assert result["results"] == [] and "args" not in seen
+    # The library is read all the same: the lab's CPU build has none, and says why.
+    assert seen["library_args"][-2:] == [seen["library_args"][-2], "--library"]
+    assert result["library"]["line"].startswith("not available: torch 2.13.0+cpu is a CPU build")
+
+
+def test_library_only(monkeypatch):
+    _smi, seen = host_run(monkeypatch, "nccl_default")
+    failed, result = run_module(monkeypatch, nccl_test, dict(ARGS, run_test=False))
+    assert not failed and result["skipped"] and "args" not in seen
+    assert result["reason"] == "run_test is false: only the NCCL library was read"
+    assert result["library"]["build"] == "pip" and result["library"]["version"] == "2.28.9"
+
+
+def test_library_read_that_fails_is_not_available(monkeypatch):
+    smi, _seen = host_run(monkeypatch, "nccl_default", present=False)
+
+    def broken(args, **kwargs):
+        return 1, "", "python3: can't open file '/x/dgx_spark_nccl_payload.py'\n"
+
+    smi.other = broken
+    failed, result = run_module(monkeypatch, nccl_test, ARGS)
+    assert not failed and not result["library"]["available"]
+    assert result["library"]["line"] == (
+        "not available: the library read exited 1: python3: can't open file '/x/dgx_spark_nccl_payload.py'"
+    )
 
 
 def test_simulated_gpu_without_device_nodes_is_skipped(monkeypatch):
@@ -50,6 +79,7 @@ def test_recorded_nvlink_run_passes(monkeypatch):
     assert "--nproc-per-node=2" in seen["args"]  # two GPUs listed by nvidia-smi
     assert seen["env"] == {"NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO"}
     assert "def run(argv=None)" in seen["payload"]
+    assert result["library"]["build"] == "pip" and result["library"]["path"].endswith("/nvidia/nccl/lib/libnccl.so.2")
 
 
 def test_recorded_socket_run_fails_naming_the_cause(monkeypatch):
@@ -113,16 +143,23 @@ class FakeContainer:
 
 
 class FakeClient:
-    def __init__(self, log):
+    """The engine: the library read answers a recorded library, the test the given log."""
+
+    def __init__(self, log, library="default.out"):
         self.container = FakeContainer(log)
+        self.library = FakeContainer(fixture_text("nccl_library", library))
         self.containers = self
         self.kwargs = None
+        self.library_kwargs = None
         self.refuse = None
 
     def run(self, image, **kwargs):
-        self.image, self.kwargs = image, kwargs
-        if self.refuse:
+        if self.refuse and kwargs["device_requests"]:
             raise nccl_test.APIError("500 Server Error", explanation=self.refuse)
+        if "--library" in kwargs["command"]:
+            self.library_kwargs = kwargs
+            return self.library
+        self.image, self.kwargs = image, kwargs
         return self.container
 
 
@@ -140,7 +177,30 @@ def test_image_run_overrides_entrypoint(monkeypatch):
     assert kwargs["network_mode"] == "host" and kwargs["ipc_mode"] == "host"
     assert kwargs["devices"] == ["/dev/infiniband:/dev/infiniband:rwm"]
     assert kwargs["command"][kwargs["command"].index("-m") + 7] == "/opt/dgx-spark-nccl-test/dgx_spark_nccl_payload.py"
-    assert client.container.removed
+    assert client.container.removed and client.library.removed
+    assert client.library_kwargs["command"] == ["/opt/dgx-spark-nccl-test/dgx_spark_nccl_payload.py", "--library"]
+    assert client.library_kwargs["device_requests"]  # the GPUs too: as the engine will run
+    # No network, RDMA devices or locked memory for the read (a lab engine refuses memlock).
+    assert client.library_kwargs["network_mode"] == "none" and client.library_kwargs["ulimits"] == []
+    assert client.library_kwargs["devices"] == [] and kwargs["ulimits"]
+    assert result["library"]["package"] == "nvidia-nccl-cu13 2.28.9"
+
+
+def test_lab_image_without_gpu_reads_the_library_only(monkeypatch):
+    FakeSmi().install(monkeypatch)  # the lab's simulator: GPUs listed, no driver device nodes
+    monkeypatch.setattr(nccl_test, "NVIDIA_CONTROL_DEVICE", "/nonexistent/nvidiactl")
+    client = FakeClient("", library="lab_runtime.out")
+    client.refuse = 'could not select device driver "" with capabilities: [[gpu]]'  # as the lab's engine would
+    monkeypatch.setattr(nccl_test, "docker_client", lambda module: client)
+    failed, result = run_module(monkeypatch, nccl_test, dict(ARGS, image="dgx-spark/vllm-runtime:in-service"))
+    assert not failed and result["skipped"] and client.kwargs is None
+    assert client.library_kwargs["device_requests"] == []
+    library = result["library"]
+    assert not library["available"] and library["builds"] == []
+    assert library["line"] == (
+        "not available: torch 2.13.0+cpu is a CPU build; no libnccl.so.2 can be loaded: "
+        "libnccl.so.2: cannot open shared object file: No such file or directory"
+    )
 
 
 def test_engine_without_gpu_runtime_is_named(monkeypatch):
