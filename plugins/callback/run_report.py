@@ -11,6 +11,8 @@ short_description: Write a per-host JSON summary of a playbook run
 description:
   - Counts ok, changed, failed, skipped and unreachable results per host, and keeps the names of
     the tasks that changed (or would change, in check mode) and each failure's message.
+  - Keeps the serving probe and the watchdog's decision of a task that returned them (M(dgx_spark.vllm.vllm_serve)),
+    so the report says how the endpoint answered (latency, tokens, engine version) or why it failed.
   - Used by the reconverge role's runner; it leaves the normal output alone.
 requirements:
   - enable with C(callbacks_enabled = dgx_spark.vllm.run_report)
@@ -53,9 +55,15 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_play_start(self, play):
         self._check_mode = bool(play.check_mode) or self._check_mode
 
+    def _keep_serving(self, host, result):
+        for key in ("probe", "watchdog"):
+            if isinstance(result._result.get(key), dict):
+                host[key] = result._result[key]
+
     def v2_runner_on_ok(self, result):
         host = self._host(result)
         host["ok"] += 1
+        self._keep_serving(host, result)
         if result._result.get("changed", False):
             host["changed"] += 1
             name = result._task.get_name()
@@ -67,6 +75,7 @@ class CallbackModule(CallbackBase):
             return
         host = self._host(result)
         host["failed"] += 1
+        self._keep_serving(host, result)
         host["failures"].append({"task": result._task.get_name(), "msg": str(result._result.get("msg", ""))[:2000]})
 
     def v2_runner_on_skipped(self, result):

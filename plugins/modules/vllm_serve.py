@@ -23,11 +23,19 @@ description:
   - With O(state=checked), before the image is on the node, the check is deferred (static checks only;
     flags unknown to the built-in table are warnings) and done again with O(state=started).
   - Idempotent by a hash of the arguments and environment, kept in a state file in the container.
-    Same arguments, process alive and C(/health) answering 200 leave the server alone; different
+    Same arguments, process alive and the serving probe passing leave the server alone; different
     arguments restart the serve process.
-  - Waits for C(/health) to answer 200 (failing early, with the log, when the process dies), checks that
-    C(/v1/models) lists O(served_model_name), reads C(/version), and sends one real completion and one chat
-    completion.
+  - The serving probe asks what a user asks, inside one deadline (O(probe_timeout)): C(/health),
+    C(/v1/models) (O(served_model_name) listed), C(/version) and one bounded completion. An engine whose
+    C(/health) answers 200 while its completions hang fails it. It runs in check mode too (it only reads),
+    so a drift run reports a failed probe as a change and changes nothing.
+  - The watchdog. An engine that failed its probe or whose serve process died is restarted (the whole
+    process group of the old server, so the engine core, its Ray driver and with it the Ray actors on
+    every node end with it), after a backoff that doubles with each restart in O(restart_window). When
+    O(max_restarts) restarts already happened in that window it is a crash loop: the module fails with
+    the engine's last log lines and does not restart it again. Restarts for changed settings do not count.
+  - After a (re)start it waits for C(/health) to answer 200 (failing early, with the log, when the process
+    dies), then runs the probe and one chat completion.
 version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
@@ -157,6 +165,28 @@ options:
     description: Lines of the serve log included in a failure.
     type: int
     default: 60
+  probe_timeout:
+    description: Seconds the whole serving probe of a running server may take, its completion included.
+    type: int
+    default: 60
+  max_restarts:
+    description: Watchdog restarts (failed probe or dead engine) allowed in O(restart_window); one more is a crash loop.
+    type: int
+    default: 3
+  restart_window:
+    description: Seconds over which the watchdog counts its restarts.
+    type: int
+    default: 3600
+  restart_backoff:
+    description:
+      - Seconds the watchdog waits after its newest restart before the next, doubled for each restart in
+        O(restart_window) (the first restart in the window is at once).
+    type: int
+    default: 30
+  restart_history:
+    description: File on the head where the watchdog keeps its restarts (time and reason).
+    type: path
+    default: /var/lib/dgx-spark/vllm-restarts.json
   port_owners:
     description:
       - Other containers of this collection on this node whose server may hold O(port) (the other backend's).
@@ -321,16 +351,33 @@ vllm_version:
   type: str
   sample: 0.32.0
 completion:
-  description: Text of the verification completion (C(/v1/completions)).
-  returned: when state is started and not in check mode
+  description: Text of the probe's completion (C(/v1/completions)).
+  returned: when state is started and the probe passed
   type: str
+probe:
+  description:
+    - The serving probe of the running server (before any restart), or after a (re)start.
+    - ok, step (the step that failed), why, health (C(/health)'s status), models, owned_by, engine_version,
+      text, latency_s and tokens of the completion, seconds.
+  returned: when state is started and a server was running or was started
+  type: dict
+  sample: {ok: false, step: completion, why: "no completion within 60s although /health answered 200: the engine hangs",
+           health: 200, latency_s: 60.0, seconds: 60.1}
+watchdog:
+  description:
+    - Set when the engine failed (its probe, or its serve process died) and the module restarts it, or
+      refuses to: why, decision (V(restart) or V(crash_loop)), recent_restarts in the window, backoff_s waited.
+  returned: when the watchdog acted
+  type: dict
 chat_completion:
-  description: Text of the verification chat completion (C(/v1/chat/completions)); its reasoning when it has no content.
-  returned: when state is started and not in check mode
+  description:
+    - Text of the verification chat completion (C(/v1/chat/completions)); its reasoning when it has no content.
+    - Sent only after a (re)start; a server left alone is judged by the probe.
+  returned: when state is started and the server was (re)started
   type: str
 engine:
   description: The engine that serves, as it names itself (C(owned_by) in C(/v1/models)) and its C(/version).
-  returned: when state is started and not in check mode
+  returned: when state is started and the probe passed
   type: str
   sample: vllm 0.33.0
 layout_check:
@@ -351,7 +398,7 @@ memory_fit:
   sample: {check: "fits: 56.24 GiB needed per node, 96.80 GiB allowed on the tightest", weights_bytes: 119000000000}
 timings:
   description:
-    - Seconds per stage (flag_check, stop, start, health, models, completion, chat).
+    - Seconds per stage (flag_check, stop, start, health, probe, chat).
     - C(flag_check) takes tens of seconds when the engine is asked, well under a second with a cached answer.
   returned: always
   type: dict
@@ -370,7 +417,14 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _image, _layout, _memory_fit, _vllm_args
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import (
+    _container,
+    _image,
+    _layout,
+    _memory_fit,
+    _probe,
+    _vllm_args,
+)
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     WATCHED_CONTAINER_OPTIONS,
@@ -418,8 +472,6 @@ STATUS = (
     "print(json.dumps({'state': state, 'alive': alive}))\n"
 )
 SIGNAL = "import os, sys\nos.killpg(int(sys.argv[1]), int(sys.argv[2]))\n"
-# Seconds a running server's /health may stay silent before it counts as unhealthy.
-HEALTH_SETTLE_S = 4.0
 # backend=mp: the label naming a rank container's rank.
 ROLE_LABEL = "dgx_spark.vllm.vllm_rank"
 
@@ -501,26 +553,29 @@ class VllmServe:
                     self.stop(state["pid"])
             self.module.exit_json(**self.result)
         self.result["diff"] = dict(before=before, after=dict(args_hash=digest, alive=True, command=argv))
-        same = current["alive"] and state.get("args_hash") == digest
-        healthy = same and self.health_once()
-        if healthy:
+        same = state.get("args_hash") == digest
+        probe = self.probe() if same and current["alive"] else None
+        if probe and probe["ok"]:
             self.result["pid"] = state["pid"]
-        else:
-            self.result["changed"] = True
-            self.result["actions"].append("restarted" if current["alive"] else "started")
-            if self.module.check_mode:
-                self.module.exit_json(**self.result)
-            if current["alive"]:
-                self.stop(state["pid"])
-            elif state.get("pid"):
-                # The serve process died, but its session (engine core, Ray driver) may live on and hold the
-                # cluster's GPUs: end what is left of it before starting again.
-                self.exec_py(SIGNAL, state["pid"], 9)
-            self.check_port_free()
-            self.start(argv, env, digest)
-            self.wait_health()
+            self.report(probe)
+            self.module.exit_json(**self.result)
+        self.result["changed"] = True
+        self.result["actions"].append("restarted" if current["alive"] else "started")
+        if probe:
+            self.watchdog("the probe failed at %s: %s" % (probe["step"], probe["why"]))
+        elif same and state.get("pid"):
+            self.watchdog("the vllm serve process (pid %s) died" % state["pid"])
         if self.module.check_mode:
             self.module.exit_json(**self.result)
+        if current["alive"]:
+            self.stop(state["pid"])
+        elif state.get("pid"):
+            # The serve process died, but its session (engine core, Ray driver) may live on and hold the
+            # cluster's GPUs: end what is left of it before starting again.
+            self.exec_py(SIGNAL, state["pid"], 9)
+        self.check_port_free()
+        self.start(argv, env, digest)
+        self.wait_health()
         self.verify()
         self.module.exit_json(**self.result)
 
@@ -676,6 +731,8 @@ class VllmServe:
     def stop(self, pid):
         started = time.monotonic()
         self.exec_py(SIGNAL, pid, 15)
+        # A frozen (stopped) process acts on SIGTERM only once continued.
+        self.exec_py(SIGNAL, pid, 18)
 
         def gone():
             return not self.status()["alive"], "stopping"
@@ -738,36 +795,53 @@ class VllmServe:
         return "http://%s:%d%s" % (host, self.p["port"], path)
 
     def http(self, method, path, body=None, timeout=None):
-        headers = {"Content-Type": "application/json"}
-        if self.p["api_key"]:
-            headers["Authorization"] = "Bearer %s" % self.p["api_key"]
-        data = json.dumps(body) if body is not None else None
-        resp = open_url(
-            self.url(path),
-            method=method,
-            data=data,
-            headers=headers,
-            timeout=timeout or self.p["request_timeout"],
-            use_proxy=False,
+        timeout = timeout or self.p["request_timeout"]
+        return _probe.request(open_url, self.url(""), self.p["api_key"], method, path, body=body, timeout=timeout)
+
+    def probe(self, timeout=None):
+        """The serving probe (module_utils/_probe.py); its result is returned as `probe`."""
+
+        def http(method, path, body, limit):
+            return self.http(method, path, body, timeout=limit)
+
+        found = _probe.probe(
+            http,
+            self.p["served_model_name"],
+            self.p["smoke_prompt"],
+            self.p["smoke_max_tokens"],
+            timeout or self.p["probe_timeout"],
+            wait=wait_for,
         )
-        return resp.getcode(), resp.read()
+        self.result["probe"] = found
+        self.timings["probe"] = found["seconds"]
+        return found
 
-    def health_once(self):
-        """Whether the running server is healthy. An HTTP answer decides at once (503: the engine is
-        dead); no answer in time is asked again for a few seconds, so that one slow reply never
-        restarts a 119 GB load."""
+    def report(self, probe):
+        """What the summary shows of a server that passed its probe."""
+        self.result.update(
+            endpoint=self.url("/v1"),
+            model=self.p["served_model_name"],
+            engine="%s %s" % (probe["owned_by"] or "unknown engine", probe["engine_version"] or "(no version)"),
+            completion=probe["text"],
+        )
 
-        def answered():
-            try:
-                code, _body = self.http("GET", "/health", timeout=5)
-            except Exception as exc:
-                if getattr(exc, "code", None) is not None:
-                    raise StopWaiting("/health answered %s" % exc.code) from exc
-                return False, None
-            return True, code
-
-        result = wait_for(answered, HEALTH_SETTLE_S, interval=1.0)
-        return result.ok and result.last == 200
+    def watchdog(self, why):
+        """Restart a failed engine, after a backoff, unless that would be a crash loop (then fail)."""
+        p = self.p
+        history = _probe.read_history(p["restart_history"])
+        decision, wait, recent = _probe.restart_decision(
+            history, time.time(), p["max_restarts"], p["restart_window"], p["restart_backoff"]
+        )
+        self.result["watchdog"] = dict(why=why, decision=decision, recent_restarts=len(recent), backoff_s=wait)
+        if decision == "crash_loop":
+            message = _probe.crash_loop_message(recent, p["restart_window"], p["max_restarts"])
+            self.fail("The engine failed (%s). %s.\n%s" % (why, message, self.failure_detail()))
+        if self.module.check_mode:
+            return
+        time.sleep(wait)
+        error = _probe.write_history(p["restart_history"], [*history, {"at": time.time(), "why": why}])
+        if error:
+            self.module.warn("restart_history: the restart was not recorded (%s)" % error)
 
     def gone(self):
         """Why the server can no longer become healthy (None while it still can)."""
@@ -795,28 +869,11 @@ class VllmServe:
             self.fail("vllm serve is not healthy: %s. %s" % (why, self.failure_detail()), progress=res.progress)
 
     def verify(self):
-        name = self.p["served_model_name"]
-        self.result.update(endpoint=self.url("/v1"), model=name)
-        started = time.monotonic()
-        try:
-            _code, body = self.http("GET", "/v1/models")
-            models = json.loads(body).get("data", [])
-        except Exception as exc:
-            self.fail("GET /v1/models failed: %s" % exc)
-        self.timings["models"] = round(time.monotonic() - started, 2)
-        listed = [m.get("id") for m in models]
-        if name not in listed:
-            self.fail("/v1/models lists %s, not the served name %s" % (listed, name))
-        owner = next(m.get("owned_by") for m in models if m.get("id") == name)
-        try:
-            _code, raw = self.http("GET", "/version")
-            version = json.loads(raw).get("version")
-        except Exception as exc:
-            self.fail("GET /version failed: %s" % exc)
-        self.result["engine"] = "%s %s" % (owner or "unknown engine", version or "(no version)")
-        self.result["completion"] = self.ask(
-            "completion", "/v1/completions", dict(prompt=self.p["smoke_prompt"]), lambda c: c["text"]
-        )
+        """After a (re)start: the probe, then one chat completion (the chat template is the engine's own)."""
+        probe = self.probe(self.p["request_timeout"])
+        if not probe["ok"]:
+            self.fail("The verification failed at %s: %s. %s" % (probe["step"], probe["why"], self.failure_detail()))
+        self.report(probe)
         messages = [{"role": "user", "content": self.p["smoke_prompt"]}]
         # With a reasoning parser the answer may be all reasoning (no closing think tag in 8 tokens).
         self.result["chat_completion"] = self.ask(
@@ -898,9 +955,12 @@ class MpRank(VllmServe):
         # The key enters the label's hash only as its own hash.
         digest = _container.config_hash(dict(config, env=_vllm_args.hashed_env(container_env)))
         plan = _container.plan(self.container, digest, p["force_restart"])
-        if plan is None and p["node_rank"] == 0 and not self.health_once():
-            plan = "recreated"
-            self.result["unhealthy"] = True
+        if plan is None and p["node_rank"] == 0 and p["state"] == "checked":
+            # The plan step: a head that fails its probe restarts every rank (the watchdog permitting).
+            probe = self.probe()
+            if not probe["ok"]:
+                plan = "recreated"
+                self.watchdog("the probe failed at %s: %s" % (probe["step"], probe["why"]))
         image_entrypoint = (image.attrs.get("Config") or {}).get("Entrypoint")
         self.result.update(
             plan=plan,
@@ -924,7 +984,15 @@ class MpRank(VllmServe):
         if plan is not None:
             self.watch_workers()
             self.wait_health()
-        self.verify()
+            self.verify()
+        else:
+            probe = self.probe()
+            if not probe["ok"]:
+                self.fail(
+                    "The engine failed its probe at %s after the plan step passed: %s. Run the deploy again "
+                    "(its plan step restarts every rank). %s" % (probe["step"], probe["why"], self.failure_detail())
+                )
+            self.report(probe)
         self.module.exit_json(**self.result)
 
     def check_mp_input(self):
@@ -1047,6 +1115,11 @@ def main():
         smoke_prompt=dict(type="str", default="The capital of France is"),
         smoke_max_tokens=dict(type="int", default=16, no_log=False),
         log_lines=dict(type="int", default=60),
+        probe_timeout=dict(type="int", default=60),
+        max_restarts=dict(type="int", default=3),
+        restart_window=dict(type="int", default=3600),
+        restart_backoff=dict(type="int", default=30),
+        restart_history=dict(type="path", default="/var/lib/dgx-spark/vllm-restarts.json"),
         port_owners=dict(type="list", elements="str", default=[]),
         backend=dict(type="str", choices=["ray", "mp"], default="ray"),
         nnodes=dict(type="int", default=1),

@@ -114,20 +114,28 @@ def deploy(*args, timeout=600, on_line=None):
     return playbook(DEPLOY, *args, timeout=timeout, on_line=on_line)
 
 
-def reconverge(state_dir, timeout=300):
-    """The reconverge runner in enforce mode (exit 0 in sync, 11 repaired, 20 failed)."""
+def reconverge(state_dir, *extra, mode="enforce", timeout=300):
+    """The reconverge runner (exit 0 in sync, 10 drift found, 11 repaired, 20 failed); `extra` goes to
+    ansible-playbook."""
     return run(
         [
             sys.executable,
             RECONVERGE,
-            "--mode=enforce",
+            "--mode=" + mode,
             "--inventory=" + INVENTORY,
             "--playbook=" + DEPLOY,
             "--state-dir=" + state_dir,
             "--ansible-playbook=" + ANSIBLE_PLAYBOOK,
+            *(["--", *extra] if extra else []),
         ],
         timeout,
     )
+
+
+def newest_report(state_dir):
+    names = sorted(n for n in os.listdir(state_dir) if n.startswith("report-") and n.endswith(".json"))
+    with open(os.path.join(state_dir, names[-1]), encoding="utf-8") as handle:
+        return json.load(handle)
 
 
 def sh(*argv, check=True, timeout=60, stdin=None):
@@ -261,6 +269,55 @@ try:
 except Exception as exc:
     print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}))
 """
+
+
+# {pid: state letter, or gone} of the processes whose command line starts with argv[1]; argv[2], a signal
+# name, is sent to them first.
+PROCESSES = r"""
+import os, signal, sys, time
+prefix = sys.argv[1].encode()
+pids = [p for p in os.listdir("/proc") if p.isdigit() and open("/proc/%s/cmdline" % p, "rb").read().startswith(prefix)]
+for pid in pids if len(sys.argv) > 2 else []:
+    os.kill(int(pid), getattr(signal, "SIG" + sys.argv[2]))
+time.sleep(0.5 if len(sys.argv) > 2 else 0)
+for pid in pids:
+    try:
+        print("%s:%s" % (pid, open("/proc/%s/stat" % pid).read().split(") ")[1][0]))
+    except OSError:
+        print("%s:gone" % pid)
+"""
+
+
+def processes(host, container, prefix, signal_name=None):
+    """{pid: state} of a container's processes named `prefix` (after sending them `signal_name`)."""
+    argv = ["docker", "exec", "-i", container, "python3", "-", prefix, *([signal_name] if signal_name else [])]
+    return dict(item.split(":") for item in node(host, *argv, stdin=PROCESSES).split())
+
+
+def engine_core(signal_name=None):
+    """The head's engine core processes (vLLM names them VLLM::EngineCore) in the Ray head container."""
+    return processes(HEAD, "ray-head", "VLLM::EngineCore", signal_name)
+
+
+def ray_workers():
+    """The engine's Ray actor processes on the worker (ray::RayWorkerProc...)."""
+    return processes(WORKER, "ray-worker", "ray::RayWorkerProc")
+
+
+HEALTH = r"""
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=10).getcode())
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+except Exception as exc:
+    print("no answer (%s)" % type(exc).__name__)
+"""
+
+
+def health(client=WORKER, host=FABRIC[HEAD]):
+    """/health's status code as the worker sees it, or `no answer (...)`."""
+    return node(client, "python3", "-", "http://%s:%d/health" % (host, API_PORT), stdin=HEALTH).strip()
 
 
 def completion(client=WORKER, host=FABRIC[HEAD]):

@@ -247,23 +247,138 @@ def case_ray_killed(suite, case, host, container):
     )
 
 
-def case_vllm_killed(suite):
-    def inject(before):
-        pid = (before[lab.HEAD]["serve"] or {}).get("pid")
-        if not pid:
-            raise RuntimeError("no vllm serve pid in the head's state file")
-        lab.node(lab.HEAD, "docker", "exec", "ray-head", "python3", "-c", "import os; os.kill(%d, 9)" % pid)
-        # Gone once reaped (or a zombie): then the endpoint's state is the fault's, not a race.
-        gone = "while [ -e /proc/%d ] && ! grep -q ') Z' /proc/%d/stat; do sleep 0.1; done" % (pid, pid)
-        lab.node(lab.HEAD, "docker", "exec", "ray-head", "sh", "-c", gone)
-        ok, _text = serving()
-        return "SIGKILL vllm serve pid %s; completion right after: %s" % (pid, "ok" if ok else "failed")
+def probe_said(report):
+    probe = report["hosts"].get(lab.HEAD, {}).get("probe") or {}
+    if not probe:
+        return "no probe in the report"
+    return "probe ok" if probe.get("ok") else "probe failed at %s: %s" % (probe.get("step"), probe.get("why"))
+
+
+def case_engine_frozen(suite):
+    """The engine core stopped (SIGSTOP): the API server still answers /health 200, completions hang.
+    A drift run reports it and leaves it; an enforce run restarts the engine and nothing of it is left."""
+    seen = {}
+
+    def drift():
+        before = lab.snapshots()
+        if not serving()[0]:
+            return False, "not serving before the fault"
+        seen["actors"] = lab.ray_workers()
+        seen["core"] = lab.engine_core("STOP")
+        code = lab.health()
+        res = lab.reconverge(REPORTS, mode="drift", timeout=REPAIR_BOUND)
+        said = probe_said(lab.newest_report(REPORTS))
+        core = lab.engine_core()
+        changed = lab.diff(before, lab.snapshots())
+        ok = (
+            res.rc == 10
+            and code == "200"
+            and "no completion within" in said
+            and core == seen["core"]
+            and all(state == "T" for state in core.values())
+            and not changed
+        )
+        return ok, "froze engine core %s; /health %s; drift exit %s in %ss (%s); engine core after: %s; %s" % (
+            seen["core"],
+            code,
+            res.rc,
+            res.seconds,
+            said[:120],
+            core,
+            "state unchanged" if not changed else "CHANGED: %s" % ", ".join(changed[:5]),
+        )
+
+    suite.case("engine-frozen/drift", "drift exit 10 naming the hung completion; /health 200; left frozen", drift)
+
+    def enforce():
+        res = lab.reconverge(REPORTS, timeout=REPAIR_BOUND)
+        ok, text = serving()
+        core, actors = lab.engine_core(), lab.ray_workers()
+        old = sorted((set(core) & set(seen.get("core", {}))) | (set(actors) & set(seen.get("actors", {}))))
+        good = res.rc == 11 and ok and bool(actors) and not old
+        return good, "enforce exit %s in %ss; completion %s; engine core %s; Ray actors on %s %s; old left: %s" % (
+            res.rc,
+            res.seconds,
+            "ok" if ok else "FAILED (%s)" % text,
+            core,
+            lab.WORKER,
+            actors,
+            old or "none",
+        )
 
     suite.case(
-        "vllm-process-killed",
-        "reconverge restores serving <%ss; data intact" % REPAIR_BOUND,
-        lambda: repaired_by_reconverge(inject),
+        "engine-frozen/enforce",
+        "enforce restarts it <%ss: serves; no old engine core or Ray actor left" % REPAIR_BOUND,
+        enforce,
     )
+
+
+def kill_engine_core():
+    """SIGKILL the engine core: the API server lives on and answers /health 503."""
+    core = lab.engine_core("KILL")
+    if not core:
+        raise RuntimeError("no engine core process (VLLM::EngineCore) in ray-head to kill")
+    deadline = time.monotonic() + 30
+    code = lab.health()
+    while code != "503" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        code = lab.health()
+    return "SIGKILL engine core %s; /health %s" % (sorted(core), code)
+
+
+def case_engine_core_killed(suite):
+    suite.case(
+        "engine-core-killed",
+        "reconverge restores serving <%ss; data intact" % REPAIR_BOUND,
+        lambda: repaired_by_reconverge(lambda _before: kill_engine_core()),
+    )
+
+
+def case_crash_loop(suite):
+    """With vllm_server_max_restarts=1: the engine dies, is restarted; dies again in the window: a crash
+    loop, reported with the engine's log and not restarted; a deploy with the defaults repairs it."""
+    history = "/var/lib/dgx-spark/vllm-restarts.json"
+    loop = ("-e", "vllm_server_max_restarts=1")
+
+    def body():
+        lab.node(lab.HEAD, "rm", "-f", history)  # the restarts of the cases before are not this case's
+        first = kill_engine_core()
+        res1 = lab.reconverge(REPORTS, *loop, timeout=REPAIR_BOUND)
+        second = kill_engine_core()
+        pid = lab.snapshot(lab.HEAD)["serve"] or {}
+        res2 = lab.reconverge(REPORTS, *loop, timeout=FAIL_BOUND)
+        report = lab.newest_report(REPORTS)
+        failures = report["hosts"].get(lab.HEAD, {}).get("failures", [])
+        msg = failures[0]["msg"] if failures else ""
+        still = lab.health()
+        same = (lab.snapshot(lab.HEAD)["serve"] or {}).get("pid") == pid.get("pid")
+        ok = res1.rc == 11 and res2.rc == 20 and "crash loop" in msg and "EngineCore" in msg and still != "200" and same
+        return ok, "%s; enforce exit %s in %ss; %s; enforce exit %s in %ss: %s; /health %s, serve process %s" % (
+            first,
+            res1.rc,
+            res1.seconds,
+            second,
+            res2.rc,
+            res2.seconds,
+            msg.split(". Read the log")[0][:240] or "NO failure message",
+            still,
+            "not restarted" if same else "RESTARTED",
+        )
+
+    suite.case(
+        "crash-loop", "second death in the window: exit 20 naming the crash loop with the log; not restarted", body
+    )
+
+    def repaired():
+        res = lab.deploy(timeout=REPAIR_BOUND)
+        ok, text = serving()
+        return res.rc == 0 and ok, "deploy exit %s in %ss; completion %s" % (
+            res.rc,
+            res.seconds,
+            "ok" if ok else "FAILED (%s)" % text,
+        )
+
+    suite.case("crash-loop/next-run", "a deploy with the default vllm_server_max_restarts serves", repaired)
 
 
 def case_node_restarted(suite):
@@ -407,22 +522,15 @@ def case_engine_dies_during_copy(suite):
 
 
 def case_check_mode_summary(suite):
-    """--check --diff on a serving cluster: the summary shows the live endpoint and says no completion was sent."""
+    """--check --diff on a serving cluster: the summary shows the endpoint its probe (a read) found serving."""
 
     def body():
         before = lab.snapshots()
         res = lab.deploy("--check", "--diff", timeout=300)
         changed = lab.diff(before, lab.snapshots())
-        live = "http://%s:%d/v1 (live: /health answered 200; check mode, not verified)" % (
-            lab.FABRIC[lab.HEAD],
-            lab.API_PORT,
-        )
-        said = [ln.strip() for ln in res.lines if "endpoint:" in ln or "completion:" in ln]
-        ok = (
-            res.rc == 0
-            and any(live in ln for ln in said)
-            and any("check mode sends no completion" in ln for ln in said)
-        )
+        live = "endpoint: http://%s:%d/v1" % (lab.FABRIC[lab.HEAD], lab.API_PORT)
+        said = [ln.strip() for ln in res.lines if "endpoint:" in ln or "completion:" in ln or "probe:" in ln]
+        ok = res.rc == 0 and any(live in ln for ln in said) and any("probe: passed" in ln for ln in said)
         return ok and not changed, "exit %s in %ss; summary: %s; state %s" % (
             res.rc,
             res.seconds,
@@ -430,7 +538,7 @@ def case_check_mode_summary(suite):
             "unchanged" if not changed else "CHANGED: %s" % ", ".join(changed[:5]),
         )
 
-    suite.case("check-mode-summary", "summary names the live endpoint and no completion; state unchanged", body)
+    suite.case("check-mode-summary", "summary names the endpoint and its passed probe; state unchanged", body)
 
 
 HF_TOKEN = "hf_faultsSuiteToken7Qx2"  # noqa: S105 - a made-up value the output is grepped for
@@ -687,7 +795,9 @@ def body(suite, args, fresh):
         ("joining", lambda: case_worker_ray_dies_while_joining(suite)),
         ("worker-ray", lambda: case_ray_killed(suite, "worker-ray-container-killed", lab.WORKER, "ray-worker")),
         ("head-ray", lambda: case_ray_killed(suite, "head-ray-container-killed", lab.HEAD, "ray-head")),
-        ("vllm", lambda: case_vllm_killed(suite)),
+        ("engine-frozen", lambda: case_engine_frozen(suite)),
+        ("engine-core-killed", lambda: case_engine_core_killed(suite)),
+        ("crash-loop", lambda: case_crash_loop(suite)),
         ("node-restart", lambda: case_node_restarted(suite)),
         ("mtu", lambda: case_mtu(suite)),
         ("engine", lambda: case_engine_stopped(suite)),

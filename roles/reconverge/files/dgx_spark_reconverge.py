@@ -134,6 +134,13 @@ def main(argv=None):
             "reconverge: %s ok=%d changed=%d failed=%d %s"
             % (name, host["ok"], host["changed"], host["failed"], "; ".join(host["changed_tasks"]))
         )
+        probe = host.get("probe")
+        if probe:
+            said = "passed" if probe.get("ok") else "FAILED at %s: %s" % (probe.get("step"), probe.get("why"))
+            print(
+                "reconverge: %s serving probe %s (completion %ss, %s tokens, engine %s)"
+                % (name, said, probe.get("latency_s"), probe.get("tokens"), probe.get("engine_version"))
+            )
     print("reconverge: %s (exit %d), report %s" % (status, code, path), flush=True)
     lock.close()
     return code

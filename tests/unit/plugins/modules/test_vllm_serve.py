@@ -129,6 +129,7 @@ def cache_dir(tmp_path, monkeypatch):
     """Every run keeps its flag cache under the test's own directory."""
     path = str(tmp_path / "vllm-flags")
     monkeypatch.setitem(DEFAULTS, "flag_cache_dir", path)
+    monkeypatch.setitem(DEFAULTS, "restart_history", str(tmp_path / "vllm-restarts.json"))
     return path
 
 
@@ -199,7 +200,9 @@ def test_start_verify_and_secret_handling(monkeypatch, env):
     assert res["chat_completion"] == RECORDED["chat"]["choices"][0]["message"]["reasoning"]
     assert res["engine"] == "vllm 0.32.0"
     assert res["endpoint"].endswith("/v1")
-    assert set(res["timings"]) >= {"flag_check", "start", "health", "models", "completion"}
+    assert set(res["timings"]) >= {"flag_check", "start", "health", "probe", "chat"}
+    assert res["probe"]["ok"] and res["probe"]["health"] == 200 and res["probe"]["engine_version"] == "0.32.0"
+    assert res["probe"]["tokens"] == RECORDED["completion"]["usage"]["completion_tokens"]
     assert res["timings"]["health"] == 0.75  # three 0.25 s polls on the fake clock
     assert (
         res["flag_check"] == "installed vLLM 0.32.0 (image sha256:a9d32715c8c0, asked the running container ray-head)"
@@ -251,7 +254,9 @@ def test_changed_args_restart(monkeypatch, env):
     run_module(monkeypatch, vllm_serve, a)
     failed, res = run_module(monkeypatch, vllm_serve, dict(a, max_model_len=4096))
     assert not failed and res["actions"] == ["restarted"]
-    assert head.signals == [(101, 15)]
+    # SIGTERM to the old server's process group, then SIGCONT (a frozen process acts on it only then).
+    assert head.signals == [(101, 15), (101, 18)]
+    assert "watchdog" not in res  # a restart for changed settings is not the watchdog's
     assert "--max-model-len" in head.launches[1]["argv"]
 
 
@@ -513,7 +518,7 @@ def test_absent_stops(monkeypatch, env):
     head, _api = env
     run_module(monkeypatch, vllm_serve, args())
     failed, res = run_module(monkeypatch, vllm_serve, dict(state="absent"))
-    assert not failed and res["actions"] == ["stopped"] and head.signals == [(101, 15)]
+    assert not failed and res["actions"] == ["stopped"] and head.signals == [(101, 15), (101, 18)]
     failed, res = run_module(monkeypatch, vllm_serve, dict(state="absent"))
     assert not failed and not res["changed"]
 
@@ -536,6 +541,100 @@ def test_a_dead_server_leaves_nothing_of_its_session_behind(monkeypatch, env):
     assert not failed and res["actions"] == ["started"]
     assert head.signals == [(101, 9)]
     assert len(head.launches) == 2
+
+
+# --- the serving probe and the watchdog ---------------------------------------------------------------
+
+
+def hang_completions(monkeypatch, api):
+    """The engine core frozen: /health still answers 200 from the API server, completions time out."""
+    real = api.open_url
+    asked = []
+
+    def frozen(url, **kwargs):
+        if url.endswith("/v1/completions") and not asked:
+            asked.append(kwargs.get("timeout"))
+            raise TimeoutError("timed out")
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(vllm_serve, "open_url", frozen)
+    return asked
+
+
+def history(path):
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)["restarts"]
+
+
+def test_a_hung_engine_is_reported_in_check_mode_and_left_alone(monkeypatch, env):
+    head, api = env
+    a = args(probe_timeout=20)
+    assert not run_module(monkeypatch, vllm_serve, a)[0]
+    asked = hang_completions(monkeypatch, api)
+    failed, res = run_module(monkeypatch, vllm_serve, dict(a, _ansible_check_mode=True))
+    assert not failed and res["changed"] and res["actions"] == ["restarted"]
+    assert res["probe"]["health"] == 200 and res["probe"]["step"] == "completion"
+    assert "no completion within" in res["probe"]["why"] and "the engine hangs" in res["probe"]["why"]
+    assert 0 < asked[0] <= 20  # the completion was bounded by what was left of the probe's deadline
+    assert res["watchdog"]["decision"] == "restart"
+    assert len(head.launches) == 1 and head.signals == [] and not os.path.exists(DEFAULTS["restart_history"])
+
+
+def test_a_hung_engine_is_restarted_and_the_restart_recorded(monkeypatch, env):
+    head, api = env
+    a = args()
+    assert not run_module(monkeypatch, vllm_serve, a)[0]
+    hang_completions(monkeypatch, api)
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert not failed and res["actions"] == ["restarted"] and len(head.launches) == 2
+    assert head.signals == [(101, 15), (101, 18)]
+    assert res["probe"]["ok"]  # the probe after the restart
+    assert res["watchdog"] == dict(
+        why=res["watchdog"]["why"], decision="restart", recent_restarts=0, backoff_s=0
+    ) and res["watchdog"]["why"].startswith("the probe failed at completion")
+    assert [e["why"] for e in history(DEFAULTS["restart_history"])] == [res["watchdog"]["why"]]
+
+
+def test_a_crash_loop_is_reported_with_the_log_and_not_restarted(monkeypatch, env):
+    head, api = env
+    a = args(max_restarts=2)
+    assert not run_module(monkeypatch, vllm_serve, a)[0]
+    head.log = b"RuntimeError: engine core died\n"
+    now = __import__("time").time()
+    with open(DEFAULTS["restart_history"], "w", encoding="utf-8") as handle:
+        json.dump(
+            {
+                "restarts": [
+                    {"at": now - 7200, "why": "old"},
+                    {"at": now - 600, "why": "a"},
+                    {"at": now - 60, "why": "b"},
+                ]
+            },
+            handle,
+        )
+    dead = HTTPError("http://head/health", 503, "Service Unavailable", {}, None)
+    real = api.open_url
+    monkeypatch.setattr(
+        vllm_serve,
+        "open_url",
+        lambda url, **kw: (_ for _ in ()).throw(dead) if url.endswith("/health") else real(url, **kw),
+    )
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert failed and "crash loop" in res["msg"] and "restarted 2 time(s) in the last 3600s" in res["msg"]
+    assert "/health answered 503" in res["msg"] and "engine core died" in res["msg"]
+    assert "vllm_server_max_restarts (2)" in res["msg"]
+    assert len(head.launches) == 1 and head.signals == []
+    assert res["watchdog"]["decision"] == "crash_loop"
+
+
+def test_a_dead_engine_counts_as_a_watchdog_restart(monkeypatch, env):
+    head, _api = env
+    a = args()
+    run_module(monkeypatch, vllm_serve, a)
+    head.alive = False
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert not failed and res["watchdog"]["why"] == "the vllm serve process (pid 101) died"
+    assert len(history(DEFAULTS["restart_history"])) == 1
 
 
 # --- backend=mp: each rank a container whose main process is vllm serve --------------------------------
@@ -648,6 +747,21 @@ def test_mp_head_rank_waits_for_health_and_verifies_with_the_key_kept_out_of_the
     # Converged: the next run asks /health once and verifies, nothing is recreated.
     failed, res = run_module(monkeypatch, vllm_serve, head)
     assert not failed and not res["changed"] and len(client.containers.created) == 1
+
+
+def test_mp_plan_step_of_a_hung_head_plans_every_rank_again(monkeypatch, mp):
+    client, api = mp
+    monkeypatch.setattr(_docker, "connect", lambda host, _timeout: Engine())
+    head = mp_args(node_rank=0, workers=WORKERS)
+    assert not run_module(monkeypatch, vllm_serve, head)[0]
+    failed, res = run_module(monkeypatch, vllm_serve, dict(head, state="checked"))
+    assert not failed and res["plan"] is None and res["probe"]["ok"]
+    hang_completions(monkeypatch, api)
+    failed, res = run_module(monkeypatch, vllm_serve, dict(head, state="checked"))
+    # The plan the deploy reads to restart every rank together (vllm_server/vars: _vllm_server_restart_all).
+    assert not failed and res["plan"] == "recreated" and res["probe"]["step"] == "completion"
+    assert res["watchdog"]["decision"] == "restart" and len(history(DEFAULTS["restart_history"])) == 1
+    assert len(client.containers.created) == 1
 
 
 def test_mp_head_fails_at_once_naming_the_worker_whose_rank_exited(monkeypatch, mp):

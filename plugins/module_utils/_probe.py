@@ -1,0 +1,156 @@
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The serving probe and the restart watchdog's bookkeeping (private).
+
+An endpoint can answer /health 200 while its completions hang (an engine core that is frozen or
+wedged: the API server answers health from its own state). So the probe asks what a user asks:
+/health, /v1/models, /version and one bounded completion, all inside one deadline.
+
+The watchdog keeps the restarts it made for failed probes or dead engines (not for changed
+settings) in a small JSON file on the head, so a crash loop is stopped and reported instead of
+restarting a dying engine forever.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
+
+# Seconds a running server's /health may stay silent before it counts as unhealthy: one slow reply
+# must never restart a 119 GB load.
+HEALTH_SETTLE_S = 4.0
+
+
+def request(open_url, base_url, api_key, method, path, *, body=None, timeout=30):
+    """One JSON request to the endpoint (`open_url` is ansible.module_utils.urls.open_url): (code, bytes).
+    The key goes in the Authorization header only."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer %s" % api_key
+    data = json.dumps(body) if body is not None else None
+    resp = open_url(base_url + path, method=method, data=data, headers=headers, timeout=timeout, use_proxy=False)
+    return resp.getcode(), resp.read()
+
+
+def probe(http, model, prompt, max_tokens, timeout, *, wait=wait_for, clock=time.monotonic):
+    """Probe a serving endpoint. `http(method, path, body, timeout)` returns (code, bytes) and raises on
+    transport errors (an HTTP error status as an exception with `.code`).
+
+    Returns a dict: ok, step (the step that failed, or None), why, health, models, owned_by,
+    engine_version, text, latency_s and tokens (of the completion), seconds (the whole probe)."""
+    started = clock()
+    out = dict(ok=False, step=None, why=None, health=None, models=None, owned_by=None, engine_version=None)
+    out.update(text=None, latency_s=None, tokens=None)
+
+    def left():
+        return max(0.5, timeout - (clock() - started))
+
+    def finish(step=None, why=None):
+        out.update(ok=step is None, step=step, why=why, seconds=round(clock() - started, 2))
+        return out
+
+    def answered():
+        try:
+            code, _body = http("GET", "/health", None, min(5.0, left()))
+        except Exception as exc:
+            if getattr(exc, "code", None) is not None:
+                raise StopWaiting("answered", exc.code) from exc
+            return False, None
+        return True, code
+
+    res = wait(answered, min(HEALTH_SETTLE_S, timeout), interval=1.0)
+    out["health"] = res.last
+    if res.last is None:
+        return finish("health", "/health did not answer within %ss" % min(HEALTH_SETTLE_S, timeout))
+    if res.last != 200:
+        return finish("health", "/health answered %s: the engine is dead or not ready" % res.last)
+
+    try:
+        _code, body = http("GET", "/v1/models", None, left())
+        models = json.loads(body).get("data", [])
+        listed = [m.get("id") for m in models]
+    except Exception as exc:
+        return finish("models", "GET /v1/models failed: %s" % _describe(exc))
+    out["models"] = listed
+    if model not in listed:
+        return finish("models", "/v1/models lists %s, not the served name %s" % (listed, model))
+    out["owned_by"] = next(m.get("owned_by") for m in models if m.get("id") == model)
+    try:
+        _code, body = http("GET", "/version", None, left())
+        out["engine_version"] = json.loads(body).get("version")
+    except Exception as exc:
+        return finish("version", "GET /version failed: %s" % _describe(exc))
+
+    asked = clock()
+    body = dict(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    deadline = left()
+    try:
+        _code, raw = http("POST", "/v1/completions", body, deadline)
+        answer = json.loads(raw)
+        out["text"] = answer["choices"][0]["text"]
+    except Exception as exc:
+        out["latency_s"] = round(clock() - asked, 2)
+        if "timed out" in str(exc).lower() or type(exc).__name__ in ("TimeoutError", "timeout"):
+            why = "no completion within %.0fs although /health answered 200: the engine hangs" % deadline
+        else:
+            why = "the completion failed: %s" % _describe(exc)
+        return finish("completion", why)
+    out["latency_s"] = round(clock() - asked, 2)
+    out["tokens"] = (answer.get("usage") or {}).get("completion_tokens")
+    return finish()
+
+
+def _describe(exc):
+    code = getattr(exc, "code", None)
+    return "HTTP %s" % code if code is not None else "%s: %s" % (type(exc).__name__, exc)
+
+
+# --- the watchdog's restart history ------------------------------------------------------------
+def read_history(path):
+    """The restarts on record (a list of {"at": epoch seconds, "why": text}); [] when none."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            entries = json.load(handle).get("restarts", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [e for e in entries if isinstance(e, dict) and isinstance(e.get("at"), (int, float))]
+
+
+def write_history(path, entries, keep=50):
+    """Write the history atomically (the newest `keep` entries); an error text, or None."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"restarts": entries[-keep:]}, handle, indent=1)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+def restart_decision(history, now, max_restarts, window, backoff):
+    """What the watchdog does about a failed engine: ("restart", seconds to wait first, recent entries)
+    or ("crash_loop", 0, recent entries) when max_restarts restarts already happened in the last
+    `window` seconds. The wait doubles with each recent restart, counted from the newest one."""
+    recent = [e for e in history if now - e["at"] < window]
+    if len(recent) >= max_restarts:
+        return "crash_loop", 0, recent
+    if not recent:
+        return "restart", 0, recent
+    due = recent[-1]["at"] + backoff * 2 ** (len(recent) - 1)
+    return "restart", max(0, round(due - now, 1)), recent
+
+
+def crash_loop_message(recent, window, max_restarts):
+    at = ", ".join(time.strftime("%H:%M:%S", time.gmtime(e["at"])) + " UTC (%s)" % e.get("why", "?") for e in recent)
+    return (
+        "crash loop: the engine was restarted %d time(s) in the last %ds (%s), which reaches "
+        "vllm_server_max_restarts (%d) in vllm_server_restart_window; not restarting it again. "
+        "Read the log lines below, fix the cause, then deploy (a deploy with changed settings, or "
+        "once the window has passed, restarts it)" % (len(recent), window, at, max_restarts)
+    )
