@@ -25,14 +25,14 @@ description:
   - Idempotent by a hash of the arguments and environment, kept in a state file in the container.
     Same arguments, process alive and the serving probe passing leave the server alone; different
     arguments restart the serve process.
-  - The serving probe asks what a user asks, inside one deadline (O(probe_timeout)): C(/health),
+  - The serving probe asks what a user asks, inside one deadline (O(probe_timeout)), that is C(/health),
     C(/v1/models) (O(served_model_name) listed), C(/version) and one bounded completion. An engine whose
     C(/health) answers 200 while its completions hang fails it. It runs in check mode too (it only reads),
     so a drift run reports a failed probe as a change and changes nothing.
   - The watchdog. An engine that failed its probe or whose serve process died is restarted (the whole
     process group of the old server, so the engine core, its Ray driver and with it the Ray actors on
     every node end with it), after a backoff that doubles with each restart in O(restart_window). When
-    O(max_restarts) restarts already happened in that window it is a crash loop: the module fails with
+    O(max_restarts) restarts already happened in that window it is a crash loop, and the module fails with
     the engine's last log lines and does not restart it again. Restarts for changed settings do not count.
   - After a (re)start it waits for C(/health) to answer 200 (failing early, with the log, when the process
     dies), then runs the probe and one chat completion.
@@ -366,7 +366,7 @@ probe:
 watchdog:
   description:
     - Set when the engine failed (its probe, or its serve process died) and the module restarts it, or
-      refuses to: why, decision (V(restart) or V(crash_loop)), recent_restarts in the window, backoff_s waited.
+      refuses to. Keys why, decision (V(restart) or V(crash_loop)), recent_restarts in the window, backoff_s waited.
   returned: when the watchdog acted
   type: dict
 chat_completion:
