@@ -58,6 +58,7 @@ MP_CONTAINER = "vllm-mp"
 SERVING = {"ray": ("ray-head", "ray-worker"), "mp": (MP_CONTAINER, MP_CONTAINER)}
 TARGETS = {
     "warm_wall_s": "< 15 s, 0 changed",
+    "warm_ping_ratio": "<= 3x (issue 19)",
     "cold_ratio": "<= 1.3x baseline",
     "lag_s": "< 1 s median",
     "copy_ratio": ">= 0.9x raw pipe",
@@ -491,6 +492,17 @@ def playbook(path, *args, label=""):
         started=start,
         ended=start + wall,
     )
+
+
+def ansible_ping():
+    """The floor of any Ansible run against these nodes: `ansible spark -m ansible.builtin.ping`, wall time."""
+    argv = [os.path.join(VENV_BIN, "ansible"), "-i", INVENTORY, "spark", "-m", "ansible.builtin.ping"]
+    start = time.time()
+    res = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, check=False)
+    wall = time.time() - start
+    if res.returncode != 0:
+        raise RunFailed("ansible -m ping: rc %s: %s" % (res.returncode, (res.stdout + res.stderr)[-2000:]))
+    return dict(wall=round(wall, 2))
 
 
 def node_sh(node, script, check=True):
@@ -941,8 +953,15 @@ def table(raw):
         row("readiness lag: /health 200 -> collection's 200", [r["health_lag"] for r in cold], "s", TARGETS["lag_s"])
     if base:
         row("baseline.sh: /health 200 -> its own 200 (0.25 s polls)", phase(base, "health_lag"), "s")
+    ping = [r["wall"] for r in raw.get("ping", []) if r]
+    if ping:
+        row("floor: ansible -m ping of the same nodes", ping, "s")
     if raw["warm"]:
         row("warm re-converge: wall", [r["wall"] for r in raw["warm"]], "s", TARGETS["warm_wall_s"])
+        if ping:
+            floor = statistics.median(ping)
+            ratios = [r["wall"] / floor for r in raw["warm"] if r]
+            row("warm re-converge / ping", ratios, "x", TARGETS["warm_ping_ratio"])
         playbook_rows("warm re-converge", raw["warm"], "0")
     mp_cold, mp_warm = raw.get("mp_cold", []), raw.get("mp_warm", [])
     if mp_cold:
@@ -979,6 +998,8 @@ def table(raw):
         row("mp cold / baseline (own work)", [c / b for c, b in pairs], "x")
     if mp_warm:
         row("mp warm re-converge: wall", [r["wall"] for r in mp_warm], "s")
+        if ping:
+            row("mp warm re-converge / ping", [r["wall"] / statistics.median(ping) for r in mp_warm if r], "x")
         playbook_rows("mp warm re-converge", mp_warm, "0")
     for label, runs in (("cold deploy", cold), ("mp cold deploy", mp_cold)):
         for part in ("head", "worker", "both"):
@@ -1012,8 +1033,9 @@ def main():
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement (default 3)")
     parser.add_argument(
         "--only",
-        default="cold,warm,image,baseline,mp_cold,mp_warm,mp_baseline",
-        help="comma-separated scenarios (mp_*: the same with -e vllm_server_backend=mp)",
+        default="cold,warm,ping,image,baseline,mp_cold,mp_warm,mp_baseline",
+        help="comma-separated scenarios (mp_*: the same with -e vllm_server_backend=mp; ping: the floor, "
+        "`ansible -m ping` of the same nodes, next to each warm re-converge)",
     )
     parser.add_argument("--retries", type=int, default=1, help="tries again after a failed run (default 1)")
     parser.add_argument("--out", default=os.path.join(BENCH, "results"), help="directory for the JSON")
@@ -1038,7 +1060,16 @@ def main():
     began = time.time()
     read_profile()
     log("profile: %s" % json.dumps(PROFILE))
-    raw = {"cold": [], "warm": [], "image": [], "baseline": [], "mp_cold": [], "mp_warm": [], "mp_baseline": []}
+    raw = {
+        "cold": [],
+        "warm": [],
+        "ping": [],
+        "image": [],
+        "baseline": [],
+        "mp_cold": [],
+        "mp_warm": [],
+        "mp_baseline": [],
+    }
     failures = []
     # The backend the lab serves after the last scenario (None: nothing serves); a warm re-converge
     # needs its own backend serving first.
@@ -1061,6 +1092,9 @@ def main():
                 if serving != backend:
                     playbook("deploy-qwen35.yml", *extra, label="bring up %s" % backend)
                     serving = backend
+                if "ping" in only:
+                    # Alternating with the warm runs, so both see the same load.
+                    raw["ping"].append(measured("ping", ansible_ping, args.retries, failures))
                 log("%s warm re-converge run %d" % (backend, i + 1))
                 raw[prefix + "warm"].append(
                     measured(
