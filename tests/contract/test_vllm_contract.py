@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import yaml
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _image, _nccl_env, _vllm_args
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _image, _nccl_env, _vllm_args, _vllm_bench
 from conftest import ROOT
 
 
@@ -145,3 +146,25 @@ def test_the_verification_script_on_the_real_engine(in_image):
     assert causes == []
     assert facts["architecture_supported"] and facts["vllm_version"] == "0.32.0"
     assert facts["ray_version"] == "2.60.0" and facts["autoconfig_class"] == "Qwen3_5MoeConfig"
+
+
+BENCH_HELP = r"""
+import subprocess, sys
+res = subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--help=all"],
+                     capture_output=True, text=True, timeout=240)
+print(res.stdout)
+sys.exit(res.returncode)
+"""
+
+
+@pytest.mark.parametrize("load", ["concurrency", "request_rate"])
+def test_every_bench_serve_flag_the_benchmark_emits_exists(in_image, load):
+    """The benchmark role's `vllm bench serve` flags, against the real engine's own help."""
+    rc, out, err = in_image(BENCH_HELP, timeout=300)
+    assert rc == 0, err[-2000:]
+    listed = set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", out))
+    shape = dict(input_len=16, output_len=8, num_prompts=4, load=load, points=[1.0, 2.0])
+    params = dict(shape=shape, base_url="http://198.18.100.11:8000", model="m", tokenizer="/m", warmups=0, seed=0)
+    emitted = [a for a in _vllm_bench.point_argv(params, 2.0) if a.startswith("--")]
+    assert len(emitted) > 15
+    assert [flag for flag in emitted if flag not in listed] == []
