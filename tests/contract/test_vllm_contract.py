@@ -157,12 +157,18 @@ sys.exit(res.returncode)
 """
 
 
-@pytest.mark.parametrize("load", ["concurrency", "request_rate"])
-def test_every_bench_serve_flag_the_benchmark_emits_exists(in_image, load):
-    """The benchmark role's `vllm bench serve` flags, against the real engine's own help."""
+@pytest.fixture(scope="module")
+def bench_flags(in_image):
+    """The flags the real engine's `vllm bench serve --help=all` lists (asked once: the import is slow)."""
     rc, out, err = in_image(BENCH_HELP, timeout=300)
     assert rc == 0, err[-2000:]
-    listed = set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", out))
+    return set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", out))
+
+
+@pytest.mark.parametrize("load", ["concurrency", "request_rate"])
+def test_every_bench_serve_flag_the_benchmark_emits_exists(bench_flags, load):
+    """The benchmark role's `vllm bench serve` flags, against the real engine's own help."""
+    listed = bench_flags
     shape = dict(input_len=16, output_len=8, num_prompts=4, load=load, points=[1.0, 2.0])
     params = dict(shape=shape, base_url="http://198.18.100.11:8000", model="m", tokenizer="/m", warmups=0, seed=0)
     emitted = [a for a in _vllm_bench.point_argv(params, 2.0) if a.startswith("--")]
