@@ -614,11 +614,13 @@ def test_a_crash_loop_is_reported_with_the_log_and_not_restarted(monkeypatch, en
         )
     dead = HTTPError("http://head/health", 503, "Service Unavailable", {}, None)
     real = api.open_url
-    monkeypatch.setattr(
-        vllm_serve,
-        "open_url",
-        lambda url, **kw: (_ for _ in ()).throw(dead) if url.endswith("/health") else real(url, **kw),
-    )
+
+    def engine_dead(url, **kwargs):
+        if url.endswith("/health"):
+            raise dead
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(vllm_serve, "open_url", engine_dead)
     failed, res = run_module(monkeypatch, vllm_serve, a)
     assert failed and "crash loop" in res["msg"] and "restarted 2 time(s) in the last 3600s" in res["msg"]
     assert "/health answered 503" in res["msg"] and "engine core died" in res["msg"]
