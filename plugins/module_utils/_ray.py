@@ -16,6 +16,7 @@ Every `ray start` flag emitted here was checked against Ray's own CLI
 | --include-dashboard=BOOL      | type=bool, default None                            |
 | --dashboard-host=H            | default localhost                                  |
 | --dashboard-port=N            | type=int                                           |
+| --metrics-export-port=N       | type=int, the metrics agent's Prometheus port      |
 | --disable-usage-stats         | is_flag                                            |
 | --block                       | is_flag; the container lives as long as Ray does   |
 """
@@ -51,7 +52,7 @@ def check_params(p):
             errors.append("head_address: required for a worker; pass the head's fabric IP (optionally IP:PORT)")
         elif port and not port.isdigit():
             errors.append("head_address: %r has a port that is not a number; use HOST or HOST:PORT" % head)
-    for key in ("ray_port", "dashboard_port"):
+    for key in ("ray_port", "dashboard_port", "metrics_export_port"):
         if p.get(key) is not None and not 0 < p[key] < 65536:
             errors.append("%s: %s is not a TCP port; use 1..65535 (Ray's default is 6379)" % (key, p[key]))
     for key in ("declared_gpus", "num_cpus"):
@@ -86,6 +87,8 @@ def ray_start_argv(p):
     argv += ["--node-ip-address=%s" % p["node_ip"], "--num-gpus=%d" % gpus]
     if p.get("num_cpus") is not None:
         argv.append("--num-cpus=%d" % p["num_cpus"])
+    if p.get("metrics_export_port") is not None:
+        argv.append("--metrics-export-port=%d" % p["metrics_export_port"])
     if p["role"] == "head":
         if p["include_dashboard"]:
             argv += [

@@ -65,6 +65,11 @@ options:
   num_cpus:
     description: CPUs Ray is told this node has (C(--num-cpus)); Ray counts them when omitted.
     type: int
+  metrics_export_port:
+    description:
+      - Port of this node's Ray metrics agent, which serves Prometheus metrics (C(--metrics-export-port)).
+        Ray picks a free port when omitted. The agent serves them only when the image has C(ray[default]).
+    type: int
   include_dashboard:
     description: Start the Ray dashboard on the head (off by default).
     type: bool
@@ -316,6 +321,7 @@ def main():
         ray_port=dict(type="int", default=6379),
         declared_gpus=dict(type="int"),
         num_cpus=dict(type="int"),
+        metrics_export_port=dict(type="int"),
         include_dashboard=dict(type="bool", default=False),
         dashboard_host=dict(type="str", default="127.0.0.1"),
         dashboard_port=dict(type="int", default=8265),

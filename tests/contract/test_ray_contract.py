@@ -35,13 +35,15 @@ print(json.dumps(runs))
 
 def _argvs():
     head = dict(BASE, role="head")
-    head_dash = dict(head, include_dashboard=True, num_cpus=2)
+    head_dash = dict(head, include_dashboard=True, num_cpus=2, metrics_export_port=8080)
     worker = dict(BASE, role="worker", node_ip="198.18.100.12", declared_gpus=1)
     return [_ray.ray_start_argv(p)[2:] for p in (head, head_dash, worker)]
 
 
 def test_every_ray_start_flag_parses_in_real_ray(in_image_json):
-    runs = in_image_json(CLICK_PARSE, json.dumps(_argvs()))
+    argvs = _argvs()
+    assert [a for argv in argvs for a in argv if a.startswith("--metrics-export")] == ["--metrics-export-port=8080"]
+    runs = in_image_json(CLICK_PARSE, json.dumps(argvs))
     for run in runs:
         assert run["exit"] == 0, "ray start refused %s: %s" % (run["argv"], run["out"])
         assert "Show this message and exit." in run["out"]

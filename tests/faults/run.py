@@ -9,8 +9,10 @@ Prints `case | expected | observed | seconds` per case and `N passed, N failed` 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -327,10 +329,82 @@ def kill_engine_core():
 
 
 def case_engine_core_killed(suite):
+    alert = {}
     suite.case(
         "engine-core-killed",
         "reconverge restores serving <%ss; data intact" % REPAIR_BOUND,
-        lambda: repaired_by_reconverge(lambda _before: kill_engine_core()),
+        lambda: repaired_by_reconverge(lambda _before: alert_fires_after(kill_engine_core, alert)),
+    )
+    suite.case(
+        "engine-core-killed/alert",
+        "%s fires <%ss after the kill; clears <%ss after the repair" % (ENGINE_ALERT, ALERT_BOUND, ALERT_BOUND),
+        lambda: alert_cleared(alert),
+    )
+
+
+# Prometheus on the faults lab (tests/faults/inventory monitoring.yml: 2 s scrapes and evaluations, for: 4s),
+# installed by the case that needs it: every other deploy of the suite runs without the monitoring stage.
+ALERTS = r"""
+import json, sys, urllib.request
+url = "http://%s:9090/api/v1/alerts" % sys.argv[1]
+alerts = json.load(urllib.request.urlopen(url, timeout=5))["data"]["alerts"]
+print(json.dumps({a["labels"]["alertname"]: a["activeAt"] for a in alerts if a["state"] == "firing"}))
+"""
+ENGINE_ALERT = "VllmEngineDown"
+ALERT_BOUND = 60
+
+
+def wait_for_alert(name, firing, start=None):
+    """Seconds from `start` (now) until Prometheus on the head has `name` firing (or not), and the firing
+    alerts ({name: activeAt}); None past the bound."""
+    start = start or time.monotonic()
+    while True:
+        alerts = json.loads(lab.node(lab.HEAD, "python3", "-", lab.FABRIC[lab.HEAD], stdin=ALERTS))
+        if (name in alerts) == firing:
+            return round(time.monotonic() - start, 1), alerts
+        if time.monotonic() - start > ALERT_BOUND:
+            return None, alerts
+        time.sleep(1)
+
+
+def since(rfc3339, wall):
+    """Seconds from `wall` (time.time()) to Prometheus' RFC 3339 time (nanoseconds cut to microseconds)."""
+    stamp = re.sub(r"(\.\d{6})\d*", r"\1", rfc3339).replace("Z", "+00:00")
+    return round(datetime.datetime.fromisoformat(stamp).timestamp() - wall, 1)
+
+
+def alert_fires_after(inject, seen):
+    """Install monitoring, inject a fault that kills the engine, then wait for ENGINE_ALERT (the repair follows
+    in the caller)."""
+    res = lab.deploy("--tags", "monitoring", "-e", "monitoring_enabled=true", timeout=REPAIR_BOUND)
+    seen["install"] = "monitoring stage exit %s in %ss" % (res.rc, res.seconds)
+    if res.rc != 0:
+        raise RuntimeError("%s: %s" % (seen["install"], lab.first_failure(res)))
+    quiet, seen["before"] = wait_for_alert(ENGINE_ALERT, firing=False)
+    seen["quiet"] = quiet is not None
+    start, wall = time.monotonic(), time.time()
+    what = inject()
+    seen["fired"], alerts = wait_for_alert(ENGINE_ALERT, firing=True, start=start)
+    # The alert is pending from activeAt and fires monitoring_alert_for later.
+    seen["pending"] = since(alerts[ENGINE_ALERT], wall) if ENGINE_ALERT in alerts else None
+    return what
+
+
+def alert_cleared(seen):
+    """After the repair: ENGINE_ALERT fired after the fault (alert_fires_after) and clears now."""
+    if "fired" not in seen:
+        return False, "the fault was not injected"
+    cleared, after = wait_for_alert(ENGINE_ALERT, firing=False)
+    late = "NOT within %ss" % ALERT_BOUND
+    ok = seen["quiet"] and seen["fired"] is not None and cleared is not None
+    return ok, "%s; %s before the fault: %s; firing %s; cleared %s" % (
+        seen["install"],
+        ENGINE_ALERT,
+        "not firing" if seen["quiet"] else "FIRING (%s)" % sorted(seen["before"]),
+        "(pending %ss after the kill, seen firing at %ss)" % (seen["pending"], seen["fired"])
+        if seen["fired"] is not None
+        else late,
+        "%ss after the repair" % cleared if cleared is not None else "%s (%s)" % (late, sorted(after)),
     )
 
 

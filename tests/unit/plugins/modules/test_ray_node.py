@@ -137,6 +137,14 @@ def test_dashboard_when_asked(monkeypatch, client):
     assert "--include-dashboard=true" in res["command"] and "--dashboard-port=8300" in res["command"]
 
 
+def test_fixed_metrics_port_is_a_new_container_unset_is_not(monkeypatch, client):
+    # Unset (the ray_cluster default) keeps the recorded hash: test_hash_matches_the_label_the_real_engine_holds.
+    recorded_container(client)
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, metrics_export_port=8080))
+    assert not failed, res
+    assert "--metrics-export-port=8080" in res["command"] and res["actions"] == ["recreated"]
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
@@ -144,6 +152,7 @@ def test_dashboard_when_asked(monkeypatch, client):
         (dict(node_ip="spark-1"), "node_ip"),
         (dict(rdma_devices=["infiniband"]), "rdma_devices"),
         (dict(declared_gpus=-1), "declared_gpus"),
+        (dict(metrics_export_port=0), "metrics_export_port"),
         (dict(image="missing:1"), "runtime_image"),
     ],
 )
