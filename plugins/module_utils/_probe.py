@@ -146,11 +146,12 @@ def restart_decision(history, now, max_restarts, window, backoff):
     return "restart", max(0, round(due - now, 1)), recent
 
 
-def crash_loop_message(recent, window, max_restarts):
+def crash_loop_message(recent, window, max_restarts, path):
     at = ", ".join(time.strftime("%H:%M:%S", time.gmtime(e["at"])) + " UTC (%s)" % e.get("why", "?") for e in recent)
     return (
         "crash loop: the engine was restarted %d time(s) in the last %ds (%s), which reaches "
         "vllm_server_max_restarts (%d) in vllm_server_restart_window; not restarting it again. "
-        "Read the log lines below, fix the cause, then deploy (a deploy with changed settings, or "
-        "once the window has passed, restarts it)" % (len(recent), window, at, max_restarts)
+        "Read the log lines below and fix the cause; then a deploy with changed settings restarts it, as "
+        "does one after the window has passed or after removing %s on the head"
+        % (len(recent), window, at, max_restarts, path)
     )

@@ -834,7 +834,7 @@ class VllmServe:
         )
         self.result["watchdog"] = dict(why=why, decision=decision, recent_restarts=len(recent), backoff_s=wait)
         if decision == "crash_loop":
-            message = _probe.crash_loop_message(recent, p["restart_window"], p["max_restarts"])
+            message = _probe.crash_loop_message(recent, p["restart_window"], p["max_restarts"], p["restart_history"])
             self.fail("The engine failed (%s). %s.\n%s" % (why, message, self.failure_detail()))
         if self.module.check_mode:
             return

@@ -44,6 +44,13 @@ def after_line(marker, delay, label):
 serving = lab.completion
 
 
+def forget_restarts():
+    """Each case starts with no watchdog restarts on record: the cases before it restarted the engine
+    (a killed Ray container, a frozen engine core) within the watchdog's window, and three of those are a
+    crash loop (vllm_server_max_restarts) that a case of its own checks."""
+    lab.node(lab.HEAD, "rm", "-f", "/var/lib/dgx-spark/vllm-restarts.json")
+
+
 def repaired_by_reconverge(inject, via="reconverge"):
     """Inject a fault while serving, then one re-convergence must restore a serving endpoint with
     model files and the in-service image intact."""
@@ -51,6 +58,7 @@ def repaired_by_reconverge(inject, via="reconverge"):
     ok, text = serving()
     if not ok:
         return False, "not serving before the fault: %s" % text
+    forget_restarts()
     what = inject(before)
     if via == "reconverge":
         res = lab.reconverge(REPORTS, timeout=REPAIR_BOUND)
@@ -265,6 +273,7 @@ def case_engine_frozen(suite):
         before = lab.snapshots()
         if not serving()[0]:
             return False, "not serving before the fault"
+        forget_restarts()
         seen["actors"] = lab.ray_workers()
         seen["core"] = lab.engine_core("STOP")
         code = lab.health()
@@ -411,11 +420,10 @@ def alert_cleared(seen):
 def case_crash_loop(suite):
     """With vllm_server_max_restarts=1: the engine dies, is restarted; dies again in the window: a crash
     loop, reported with the engine's log and not restarted; a deploy with the defaults repairs it."""
-    history = "/var/lib/dgx-spark/vllm-restarts.json"
     loop = ("-e", "vllm_server_max_restarts=1")
 
     def body():
-        lab.node(lab.HEAD, "rm", "-f", history)  # the restarts of the cases before are not this case's
+        forget_restarts()
         first = kill_engine_core()
         res1 = lab.reconverge(REPORTS, *loop, timeout=REPAIR_BOUND)
         second = kill_engine_core()
@@ -773,6 +781,7 @@ def case_mp(suite):
     ranks start, each repaired by the next deploy; then the switch back to Ray leaves no rank container."""
 
     def killed():
+        forget_restarts()
         before = lab.snapshots()
         killed_at = {}
 
@@ -832,6 +841,7 @@ def case_mp(suite):
     suite.case("mp-worker-killed-while-head-waits/next-run", "next deploy serves with mp; no Ray container", serves_mp)
 
     def unreachable():
+        forget_restarts()
         before = lab.snapshots()
         # A changed setting that would start every rank again: nothing may start without the worker, and
         # the engine keeps serving the settings it has.

@@ -104,7 +104,8 @@ def test_the_watchdog_restarts_at_once_then_backs_off_then_stops_at_a_crash_loop
     three = [{"at": now - 4000, "why": "old"}, *two, {"at": now - 5, "why": "c"}]
     decision, wait, recent = _probe.restart_decision(three, now, 3, 3600, 30)
     assert decision == "crash_loop" and wait == 0 and [e["why"] for e in recent] == ["a", "b", "c"]
-    message = _probe.crash_loop_message(recent, 3600, 3)
+    message = _probe.crash_loop_message(recent, 3600, 3, "/var/lib/dgx-spark/vllm-restarts.json")
+    assert "after removing /var/lib/dgx-spark/vllm-restarts.json on the head" in message
     assert "restarted 3 time(s) in the last 3600s" in message and "vllm_server_max_restarts (3)" in message
 
 
