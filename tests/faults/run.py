@@ -270,10 +270,10 @@ def case_engine_frozen(suite):
     seen = {}
 
     def drift():
+        forget_restarts()
         before = lab.snapshots()
         if not serving()[0]:
             return False, "not serving before the fault"
-        forget_restarts()
         seen["actors"] = lab.ray_workers()
         seen["core"] = lab.engine_core("STOP")
         code = lab.health()
