@@ -330,16 +330,29 @@ def completion(client=WORKER, host=FABRIC[HEAD]):
     return res["ok"], res.get("text") or res.get("error", "")
 
 
+# deploy.yml runs its stages in one play; each stage starts with this task.
+STAGES_PLAY = "Deploy stages"
+STAGE_START = "TASK [Mark the start of stage %s]"
+
+
+def stages_started(res):
+    """The deploy stages a run started, in order."""
+    head, tail = STAGE_START.split("%s")
+    return [ln[len(head) : ln.index(tail)] for ln in res.lines if ln.startswith(head) and tail in ln]
+
+
 def first_failure(res):
-    """(play, host, line) of the failure that stopped an ansible-playbook run: the last `fatal:` line (a
+    """(where, host, line) of the failure that stopped an ansible-playbook run: the last `fatal:` line (a
     failure a block rescues prints one too, before the rescue's own; any_errors_fatal stops at the first
-    one not rescued)."""
-    play, found = None, (None, None, "")
+    one not rescued). `where` is the stage (its role's name) in deploy.yml's stages play, else the play."""
+    play, stage, found = None, None, (None, None, "")
     for line in res.lines:
         if line.startswith("PLAY [") and not line.startswith("PLAY RECAP"):
-            play = line[6 : line.index("]")]
+            play, stage = line[6 : line.index("]")], None
+        elif play == STAGES_PLAY and line.startswith("TASK [dgx_spark.vllm."):
+            stage = line[len("TASK [dgx_spark.vllm.") :].split(" ", 1)[0]
         if line.startswith("fatal: [") and "...ignoring" not in line:
-            found = (play, line[8 : line.index("]")], line)
+            found = (stage or play, line[8 : line.index("]")], line)
     return found
 
 

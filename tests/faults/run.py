@@ -85,12 +85,12 @@ def repaired_by_reconverge(inject, via="reconverge"):
     return good_rc and ok and not damage, observed
 
 
-def deploy_with_worker_cut_off(play, *args):
-    """A deploy that loses the worker (its management network) as `play` starts; reconnected after."""
+def deploy_with_worker_cut_off(stage, *args):
+    """A deploy that loses the worker (its management network) as `stage` starts; reconnected after."""
     net = lab.LAB_NAME + "-mgmt"
 
     def cut(line, _proc):
-        if line.startswith("PLAY [%s]" % play):
+        if line.startswith(lab.STAGE_START % stage):
             lab.sh("docker", "network", "disconnect", net, lab.WORKER)
 
     try:
@@ -100,17 +100,17 @@ def deploy_with_worker_cut_off(play, *args):
 
 
 def fails_naming(res, host, stage, bound, before):
-    play, failed_host, line = lab.first_failure(res)
+    where, failed_host, line = lab.first_failure(res)
     after = lab.snapshots()
     damage = lab.intact(before, after)
     observed = "exit %s in %ss; first failure: %s in %s (%s)" % (
         res.rc,
         res.seconds,
         failed_host,
-        play,
+        where,
         line[len("fatal: [%s]: " % failed_host) :][:160],
     )
-    ok = res.rc != 0 and not res.timed_out and res.seconds <= bound and failed_host == host and play == stage
+    ok = res.rc != 0 and not res.timed_out and res.seconds <= bound and failed_host == host and where == stage
     return ok and not damage, observed + "; " + (damage or "model+image intact")
 
 
@@ -118,9 +118,9 @@ def fails_naming(res, host, stage, bound, before):
 def case_interrupted(suite, fresh):
     """The playbook killed mid-run at three points in a row; the next run converges."""
     points = [
-        ("runtime_image", "Runtime image", "Image | Obtain, verify, promote on the build host", 6 if fresh else 1),
-        ("ray_cluster", "Ray cluster", "TASK [dgx_spark.vllm.ray_cluster : Start the Ray workers]", 1),
-        ("vllm_server", "The vLLM server", "TASK [dgx_spark.vllm.vllm_server : Serve the model and verify", 1),
+        ("runtime_image", "Image | Obtain, verify, promote on the build host", 6 if fresh else 1),
+        ("ray_cluster", "TASK [dgx_spark.vllm.ray_cluster : Start the Ray workers]", 1),
+        ("vllm_server", "TASK [dgx_spark.vllm.vllm_server : Serve the model and verify", 1),
     ]
     if not fresh:
         # A lab that serves already: take serving and Ray down first so the killed stages have work to do.
@@ -128,25 +128,26 @@ def case_interrupted(suite, fresh):
         print("# teardown before the interrupted deploy: exit %s in %ss" % (res.rc, res.seconds), flush=True)
     head_model = lab.model_hashes(lab.snapshot(lab.HEAD))
     previous = None
-    for stage, play, marker, delay in points:
+    for stage, marker, delay in points:
 
-        def one(stage=stage, play=play, marker=marker, delay=delay, previous=previous):
+        def one(stage=stage, marker=marker, delay=delay, previous=previous):
             res = lab.deploy(timeout=300, on_line=after_line(marker, delay, stage))
-            plays = [ln for ln in res.lines if ln.startswith("PLAY [")]
+            stages = lab.stages_started(res)
             failure = lab.first_failure(res)
             # A killed run leaves no failure behind it: every earlier stage of it passed.
-            got_there = res.killed_at == stage and failure[1] is None and plays and play in plays[-1]
-            observed = "killed in %s after %ss (%d plays started, no failure before the kill)" % (
+            got_there = res.killed_at == stage and failure[1] is None and stages and stages[-1] == stage
+            observed = "killed in %s after %ss (stages started: %s; no failure before the kill)" % (
                 res.killed_at,
                 res.seconds,
-                len(plays),
+                ", ".join(stages),
             )
             if not got_there:
-                observed = "not killed where planned (killed_at=%s, exit %s, first failure %s in %s)" % (
+                observed = "not killed where planned (killed_at=%s, exit %s, first failure %s in %s: %s)" % (
                     res.killed_at,
                     res.rc,
                     failure[1],
                     failure[0],
+                    failure[2][:300],
                 )
             if previous and got_there:
                 observed += "; passed the stage the previous run was killed in (%s)" % previous
@@ -179,12 +180,12 @@ def case_worker_unreachable(suite):
     def body():
         before = lab.snapshots()
         # Every node stage is done (or found converged): cut the worker off as the Ray stage starts.
-        res = deploy_with_worker_cut_off("Ray cluster")
-        return fails_naming(res, lab.WORKER, "Ray cluster", FAIL_BOUND, before)
+        res = deploy_with_worker_cut_off("ray_cluster")
+        return fails_naming(res, lab.WORKER, "ray_cluster", FAIL_BOUND, before)
 
     suite.case(
         "worker-unreachable-before-ray",
-        "deploy fails <%ss naming %s in Ray cluster" % (FAIL_BOUND, lab.WORKER),
+        "deploy fails <%ss naming %s in ray_cluster" % (FAIL_BOUND, lab.WORKER),
         body,
     )
 
@@ -210,23 +211,23 @@ def case_worker_ray_dies_while_joining(suite):
                 lab.node(lab.WORKER, "docker", "kill", "ray-worker", check=False)
 
         res = lab.deploy(timeout=FAIL_BOUND + 30, on_line=kill)
-        play, failed_host, line = lab.first_failure(res)
+        where, failed_host, line = lab.first_failure(res)
         # The head's wait names the worker; the worker, stopped by any_errors_fatal, points to it.
         named = [x for x in res.lines if x.startswith("fatal: [") and "ray-worker on %s" % lab.WORKER in x]
         observed = "exit %s in %ss; failed in %s (last: %s); named by: %s" % (
             res.rc,
             res.seconds,
-            play,
+            where,
             failed_host,
             named[0][: named[0].index("]") + 1] if named else "NO failure names it (%s)" % line[:200],
         )
         damage = lab.intact(before, lab.snapshots())
-        ok = res.rc != 0 and not res.timed_out and res.seconds <= FAIL_BOUND and play == "Ray cluster" and bool(named)
+        ok = res.rc != 0 and not res.timed_out and res.seconds <= FAIL_BOUND and where == "ray_cluster" and bool(named)
         return ok and not damage, observed + "; " + (damage or "model+image intact")
 
     suite.case(
         "worker-ray-dies-while-joining",
-        "deploy fails <%ss in Ray cluster naming ray-worker on %s" % (FAIL_BOUND, lab.WORKER),
+        "deploy fails <%ss in ray_cluster naming ray-worker on %s" % (FAIL_BOUND, lab.WORKER),
         body,
     )
 
@@ -511,11 +512,11 @@ def case_engine_stopped(suite):
             res = lab.deploy(timeout=FAIL_BOUND + 30)
         finally:
             lab.node(lab.WORKER, "mv", aside, sock, check=False)
-        ok, observed = fails_naming(res, lab.WORKER, "Preflight", 60, before)
+        ok, observed = fails_naming(res, lab.WORKER, "preflight", 60, before)
         named = "does not answer" in lab.first_failure(res)[2]
         return ok and refused and named, observed + ("" if refused else "; the engine still answered")
 
-    suite.case("worker-docker-engine-stopped", "deploy fails <60s naming %s in Preflight" % lab.WORKER, body)
+    suite.case("worker-docker-engine-stopped", "deploy fails <60s naming %s in preflight" % lab.WORKER, body)
 
     def still():
         ok, text = serving()
@@ -572,7 +573,7 @@ def case_engine_dies_during_copy(suite):
             stopped["thread"].join(10)
         _play, _host, line = lab.first_failure(res)
         engine_back(lab.WORKER)
-        ok, observed = fails_naming(res, lab.HEAD, "Runtime image", FAIL_BOUND, before)
+        ok, observed = fails_naming(res, lab.HEAD, "runtime_image", FAIL_BOUND, before)
         named = all(w in line for w in ("to %s" % lab.WORKER, "stopped answering", "bytes", "run the deploy again"))
         observed += "; engine stopped at %s MiB spooled" % stopped.get("mib", "NEVER")
         return ok and named and "mib" in stopped, observed + ("" if named else "; the message does not name it")
@@ -813,7 +814,7 @@ def case_mp(suite):
             damage or "model+image intact",
         )
         ok = res.rc != 0 and after_kill is not None and after_kill <= MP_KILL_BOUND and named
-        return ok and play == "The vLLM server" and not damage, observed
+        return ok and play == "vllm_server" and not damage, observed
 
     suite.case(
         "mp-worker-killed-while-head-waits",
@@ -845,12 +846,12 @@ def case_mp(suite):
         before = lab.snapshots()
         # A changed setting that would start every rank again: nothing may start without the worker, and
         # the engine keeps serving the settings it has.
-        res = deploy_with_worker_cut_off("The vLLM server", *MP, "-e", "vllm_server_max_model_len=384")
-        return fails_naming(res, lab.WORKER, "The vLLM server", FAIL_BOUND, before)
+        res = deploy_with_worker_cut_off("vllm_server", *MP, "-e", "vllm_server_max_model_len=384")
+        return fails_naming(res, lab.WORKER, "vllm_server", FAIL_BOUND, before)
 
     suite.case(
         "mp-worker-unreachable-before-start",
-        "deploy fails <%ss naming %s in The vLLM server" % (FAIL_BOUND, lab.WORKER),
+        "deploy fails <%ss naming %s in vllm_server" % (FAIL_BOUND, lab.WORKER),
         unreachable,
     )
     suite.case("mp-worker-unreachable-before-start/next-run", "next deploy serves with mp", serves_mp)
