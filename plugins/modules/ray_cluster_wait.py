@@ -10,10 +10,10 @@ module: ray_cluster_wait
 short_description: Wait for the expected Ray nodes and GPUs, naming what is missing
 description:
   - Runs on the head node. Polls the Ray cluster from inside the head container
-    (C(docker exec HEAD python3 -c SCRIPT) with C(ray.nodes()) and C(ray.cluster_resources())) at most
-    every second until the alive nodes are exactly the expected ones (matched by fabric IP)
-    and their GPUs add up to the expected total.
-  - C(ray.nodes()) is used rather than parsing C(ray status). It names each node by its IP (so a
+    (C(docker exec HEAD python3 -c SCRIPT), which reads the GCS node table with Ray's C(GcsClient), the
+    table C(ray.nodes()) reads, without starting a Ray driver) at most every second until the alive nodes
+    are exactly the expected ones (matched by fabric IP) and their GPUs add up to the expected total.
+  - The node table is used rather than parsing C(ray status). It names each node by its IP (so a
     missing node can be named by inventory host), says alive or dead, and is current, while
     C(ray status) prints the autoscaler's periodic snapshot in a human format that lags behind.
   - Fails at once when the head container is not running, or restarts while waited for (Ray exited in it).
@@ -65,7 +65,8 @@ options:
     description:
       - Seconds one poll keeps watching inside the container, re-reading the nodes every 0.1 s, before it
         answers; it answers at once when the expected nodes and GPUs are there. A join is then noticed
-        within about 0.1 s instead of one C(import ray) later. C(0) asks once per poll.
+        within about 0.1 s instead of one Python start later. C(0) asks once per poll.
+      - The first poll always asks once: a cluster already complete (a re-converge) costs one read.
       - The wait may overrun O(timeout) by up to this much.
     type: float
     default: 5.0
@@ -77,6 +78,7 @@ options:
         One or two restarts are let be; a worker left on a head that went away exits once and its restart
         policy brings it back to the new head.
       - An engine that cannot be reached is reported in RV(worker_engines) and only the join is waited for.
+      - Watched only once a poll has not found the cluster complete: a complete cluster opens no worker engine.
     type: list
     elements: dict
     default: []
@@ -116,7 +118,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 worker_engines:
-  description: For each worker in O(workers), C(watched) or why its engine could not be watched.
+  description:
+    - For each worker in O(workers), C(watched) or why its engine could not be watched.
+    - Empty when the first poll found the cluster complete (nothing was watched).
   returned: always
   type: dict
   sample: {"spark-2": "watched"}
@@ -199,12 +203,15 @@ class ClusterWait:
                 **self.empty(),
             )
         self.restarts = container.attrs.get("RestartCount", 0)
-        self.query_argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
+        # A converged cluster is recognised by the first query alone: one read of the node table, and the
+        # workers' engines are not opened. Only a cluster not complete yet is watched, each exec for up to
+        # `watch` seconds (the join is seen within 0.1 s, not a fresh Python later), with its workers'
+        # containers watched for an exit.
+        self.first_argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
+        self.query_argv = list(self.first_argv)
         if self.p["watch"] > 0:
-            # One exec watches for up to `watch` seconds: the join is seen within 0.1 s, not a fresh
-            # `import ray` later.
             self.query_argv += [str(self.p["watch"]), json.dumps(sorted(ips)), str(float(self.p["expected_gpus"]))]
-        self.watch_workers()
+        self.watched, self.engines, self.watching = [], {}, False
         res = wait_for(lambda: self.poll(container), self.p["timeout"], self.p["interval"])
         out = dict(
             changed=False,
@@ -233,7 +240,7 @@ class ClusterWait:
             raise StopWaiting("the head container %s is %s" % (self.p["container"], gone))
         self.check_workers()
         try:
-            result = container.exec_run(self.query_argv)
+            result = container.exec_run(self.query_argv if self.watching else self.first_argv)
         except DockerException as exc:
             raise StopWaiting("docker exec in %s failed: %s" % (self.p["container"], exc)) from exc
         text = result.output.decode("utf-8", "replace") if isinstance(result.output, bytes) else str(result.output)
@@ -241,12 +248,20 @@ class ClusterWait:
         if doc is None:
             lines = [line for line in text.strip().splitlines() if line.strip()]
             self.error = lines[-1] if lines else "exit code %s, no output" % result.exit_code
+            self.start_watching(False)
             return False, "Ray not answering: %s" % self.error
         self.error = None
         state = _ray.cluster_state(doc)
         self.alive = state["alive"]
         done, self.summary = _ray.compare(state, self.p["expected_nodes"], self.p["expected_gpus"])
+        self.start_watching(done)
         return done, _ray.progress_line(self.summary)
+
+    def start_watching(self, done):
+        """After the first query that does not show the cluster complete: watch the workers' containers."""
+        if not done and not self.watching:
+            self.watching = True
+            self.watch_workers()
 
     def watch_workers(self):
         """Find each worker's Ray container; note its restart count to compare against."""

@@ -56,26 +56,41 @@ def test_an_unknown_ray_start_flag_is_refused(in_image_json):
     assert "No such option" in runs[0]["out"]
 
 
-API = r"""
-import inspect, json, ray
-init = inspect.signature(ray.init).parameters
-print(json.dumps({
-    "version": ray.__version__,
-    "init": sorted(init),
-    "nodes": callable(ray.nodes),
-    "cluster_resources": callable(ray.cluster_resources),
-}))
+# A real one-node Ray cluster in the image (loopback: the container has no network), then the wait's own
+# query (_ray.RAY_QUERY) run against it, in watch mode, as ray_cluster_wait runs it in the head container.
+LIVE_QUERY = r"""
+import json, os, subprocess, sys
+ray = os.path.join(os.path.dirname(sys.executable), "ray")
+start = [ray, "start", "--head", "--node-ip-address=127.0.0.1", "--num-gpus=1", "--disable-usage-stats",
+         "--include-dashboard=false"]
+started = subprocess.run(start, capture_output=True, text=True)
+try:
+    query = subprocess.run([sys.executable, "-c"] + sys.argv[1:], capture_output=True, text=True, timeout=120)
+finally:
+    subprocess.run([ray, "stop", "--force"], capture_output=True)
+import ray as ray_pkg
+print(json.dumps({"version": ray_pkg.__version__, "start": started.returncode, "start_err": started.stderr[-1500:],
+                  "rc": query.returncode, "out": query.stdout, "err": query.stderr[-3000:]}))
 """
 
 
-def test_ray_python_api_the_wait_uses(in_image_json):
-    api = in_image_json(API)
-    assert api["version"] == "2.60.0"
-    # _ray.RAY_QUERY: ray.init(address="auto", logging_level, log_to_driver), ray.nodes(), ray.cluster_resources()
-    for name in ("address", "logging_level", "log_to_driver"):
-        assert name in api["init"], name
-    assert "ray.init(address='auto'" in _ray.RAY_QUERY
-    assert api["nodes"] and api["cluster_resources"]
+def test_the_wait_query_reads_a_real_ray_cluster(in_image_json):
+    got = in_image_json(LIVE_QUERY, _ray.RAY_QUERY, "30", "10", json.dumps(["127.0.0.1"]), "1.0", timeout=300)
+    assert got["version"] == "2.60.0"
+    assert got["start"] == 0, got["start_err"]
+    assert got["rc"] == 0, got["err"]
+    doc = _ray.parse_query_output(got["out"])
+    state = _ray.cluster_state(doc)
+    assert [(n["ip"], n["gpus"]) for n in state["alive"]] == [("127.0.0.1", 1.0)]
+    done, summary = _ray.compare(state, [{"host": "spark-1", "ip": "127.0.0.1"}], 1)
+    assert done, summary
+
+
+def test_the_wait_query_names_a_missing_ray(in_image):
+    # Without a running Ray, the query fails with Ray's own message, which the wait reports as its last error.
+    rc, _out, err = in_image(_ray.RAY_QUERY, "10")
+    assert rc != 0
+    assert "Could not find any running Ray instance" in err
 
 
 RAY_CONFIG = r"""

@@ -1,4 +1,4 @@
-"""ray_cluster_wait against recorded real ray.nodes() output (Ray 2.60, fixtures/ray/)."""
+"""ray_cluster_wait against the recorded real output of _ray.RAY_QUERY (Ray 2.60's GCS node table, fixtures/ray/)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ HEAD_IP = "192.0.2.2"
 # gets its own address here, as on two Sparks.
 WORKER_IP = "192.0.2.3"
 EXPECTED = [{"host": "spark-1", "ip": HEAD_IP}, {"host": "spark-2", "ip": WORKER_IP}]
+WORKERS = [{"host": "spark-2", "docker_host": "ssh://root@192.0.2.3", "container": "ray-worker"}]
 
 
 def recorded(name):
     doc = json.loads(fixture_text("ray", name))
-    if len(doc["nodes"]) > 1:
-        doc["nodes"][1]["NodeManagerAddress"] = WORKER_IP
+    for node in doc["nodes"]:
+        # The GCS lists nodes in no set order: the head is the one with Ray's head resource.
+        if "node:__internal_head__" not in node["Resources"]:
+            node["NodeManagerAddress"] = WORKER_IP
     return doc
 
 
@@ -142,22 +145,38 @@ def test_duplicate_expected_ips_rejected(monkeypatch, head):
     assert failed and "expected_nodes" in res["msg"]
 
 
-def test_watch_passes_the_expectation_to_one_exec(monkeypatch, head):
-    seen = []
+def test_a_complete_cluster_is_one_read_and_no_worker_engine_opened(monkeypatch, head):
+    seen, opened = [], []
 
     def handler(cmd, **_kwargs):
         seen.append(cmd)
         return FakeExecResult(0, (json.dumps(recorded("nodes_two_alive.json")) + "\n").encode())
 
     head.exec_handler = handler
+    monkeypatch.setattr(_docker, "connect", lambda host, _timeout: opened.append(host))
+    args = dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, watch=2.5, poll_timeout=7)
+    failed, res = run_module(monkeypatch, ray_cluster_wait, dict(args, workers=WORKERS))
+    assert not failed, res
+    assert seen == [["python3", "-c", _ray.RAY_QUERY, "7"]]
+    assert opened == [] and res["worker_engines"] == {}
+
+
+def test_an_incomplete_cluster_is_watched_with_the_expectation_in_one_exec(monkeypatch, head):
+    seen = []
+    docs = [recorded("nodes_head_only.json"), recorded("nodes_two_alive.json")]
+
+    def handler(cmd, **_kwargs):
+        seen.append(cmd)
+        return FakeExecResult(0, (json.dumps(docs.pop(0)) + "\n").encode())
+
+    head.exec_handler = handler
     args = dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, watch=2.5, poll_timeout=7)
     failed, res = run_module(monkeypatch, ray_cluster_wait, args)
     assert not failed, res
-    assert seen == [["python3", "-c", _ray.RAY_QUERY, "7", "2.5", json.dumps(sorted([HEAD_IP, WORKER_IP])), "2.0"]]
-    seen.clear()
-    failed, res = run_module(monkeypatch, ray_cluster_wait, dict(args, watch=0))
-    assert not failed, res
-    assert seen == [["python3", "-c", _ray.RAY_QUERY, "7"]]
+    assert seen == [
+        ["python3", "-c", _ray.RAY_QUERY, "7"],
+        ["python3", "-c", _ray.RAY_QUERY, "7", "2.5", json.dumps(sorted([HEAD_IP, WORKER_IP])), "2.0"],
+    ]
 
 
 def test_head_restarting_while_waited_for_fails_with_its_log(monkeypatch, head):
@@ -178,9 +197,6 @@ def test_head_restarting_while_waited_for_fails_with_its_log(monkeypatch, head):
     assert "the head container ray-head restarted: Ray exited in it" in res["msg"]
     assert head.clock.now < 1.0
     assert "Ray runtime started" in res["head_log"]
-
-
-WORKERS = [{"host": "spark-2", "docker_host": "ssh://root@192.0.2.3", "container": "ray-worker"}]
 
 
 def worker_engine(monkeypatch):
