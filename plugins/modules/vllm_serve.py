@@ -169,6 +169,12 @@ options:
     description: Seconds the whole serving probe of a running server may take, its completion included.
     type: int
     default: 60
+  probed:
+    description:
+      - With O(backend=mp) on the head, the probe the plan step (O(state=checked)) of this same run returned.
+        When it passed and the rank is left as it is, the started step reports it instead of probing again
+        (one completion per run, not two).
+    type: dict
   max_restarts:
     description: Watchdog restarts (failed probe or dead engine) allowed in O(restart_window); one more is a crash loop.
     type: int
@@ -986,7 +992,9 @@ class MpRank(VllmServe):
             self.wait_health()
             self.verify()
         else:
-            probe = self.probe()
+            # The plan step of this run probed this same server a moment ago.
+            probe = p["probed"] if (p["probed"] or {}).get("ok") else self.probe()
+            self.result["probe"] = probe
             if not probe["ok"]:
                 self.fail(
                     "The engine failed its probe at %s after the plan step passed: %s. Run the deploy again "
@@ -1116,6 +1124,7 @@ def main():
         smoke_max_tokens=dict(type="int", default=16, no_log=False),
         log_lines=dict(type="int", default=60),
         probe_timeout=dict(type="int", default=60),
+        probed=dict(type="dict"),
         max_restarts=dict(type="int", default=3),
         restart_window=dict(type="int", default=3600),
         restart_backoff=dict(type="int", default=30),

@@ -766,6 +766,23 @@ def test_mp_plan_step_of_a_hung_head_plans_every_rank_again(monkeypatch, mp):
     assert len(client.containers.created) == 1
 
 
+def test_mp_head_left_alone_reports_the_plan_steps_probe_instead_of_probing_again(monkeypatch, mp):
+    _client, api = mp
+    monkeypatch.setattr(_docker, "connect", lambda host, _timeout: Engine())
+    head = mp_args(node_rank=0, workers=WORKERS)
+    assert not run_module(monkeypatch, vllm_serve, head)[0]
+    failed, plan = run_module(monkeypatch, vllm_serve, dict(head, state="checked"))
+    assert not failed and plan["plan"] is None and plan["probe"]["ok"]
+    api.requests.clear()
+    failed, res = run_module(monkeypatch, vllm_serve, dict(head, probed=plan["probe"]))
+    assert not failed and not res["changed"] and res["probe"] == plan["probe"]
+    assert [r[1] for r in api.requests if r[1].startswith("/v1/completions")] == []
+    # A failed plan-step probe is not taken on trust: the started step asks the engine itself.
+    api.requests.clear()
+    failed, res = run_module(monkeypatch, vllm_serve, dict(head, probed=dict(plan["probe"], ok=False)))
+    assert not failed and [r[1] for r in api.requests if r[1].startswith("/v1/completions")] == ["/v1/completions"]
+
+
 def test_mp_head_fails_at_once_naming_the_worker_whose_rank_exited(monkeypatch, mp):
     _client, api = mp
     engine = Engine(restart_on_reload=True)
