@@ -27,6 +27,14 @@ options:
     type: str
     choices: ["no", always, unless-stopped, on-failure]
     default: unless-stopped
+  env_file:
+    description:
+      - An environment file on this node (C(KEY=VALUE) lines, as C(docker run --env-file) reads them), such
+        as the fabric stage's C(/etc/dgx-spark/nccl.env). Its entries go into the container's environment;
+        the module's own environment entries win over it. Its content enters the configuration hash, so a
+        changed file recreates the container.
+      - A missing file fails, naming it; in check mode it is a warning and reads as empty.
+    type: path
   mounts:
     description: Bind mounts (model directory, caches).
     type: list

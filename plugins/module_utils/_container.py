@@ -3,7 +3,8 @@
 """The contract every engine container on a node follows, Ray node or vLLM rank alike (private; used by
 ray_node and vllm_serve).
 
-Host network and IPC, `--init`, a restart policy, the fabric's environment, the model mounts, GPUs when
+Host network and IPC, `--init`, a restart policy, the fabric's environment (its env file on the node, read
+as `docker run --env-file` reads it), the model mounts, GPUs when
 the node has them, RDMA devices with IPC_LOCK and an unlimited memlock, and the image's ENTRYPOINT always
 overridden (and reported). A label holds a hash of the whole configuration (image ID included): same hash
 and running is left alone, another hash is recreated.
@@ -23,6 +24,7 @@ CONTRACT_ARGS = dict(
     shm_size=dict(type="str", default="16g"),
     rdma_devices=dict(type="list", elements="str", default=[]),
     restart_policy=dict(type="str", choices=RESTART_POLICIES, default="unless-stopped"),
+    env_file=dict(type="path"),
     mounts=dict(
         type="list",
         elements="dict",
@@ -48,6 +50,43 @@ def contract_problems(p):
         if not str(mount.get("source", "")).startswith("/") or not str(mount.get("target", "")).startswith("/"):
             errors.append("mounts[%d]: source and target must be absolute paths" % idx)
     return errors
+
+
+def read_env_file(path):
+    """KEY=VALUE lines of a docker --env-file (blank lines and # comments skipped, values taken as they
+    are). Raises ValueError naming the path and the line."""
+    env = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, raw in enumerate(handle, 1):
+            line = raw.rstrip("\n")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, sep, value = line.partition("=")
+            if not sep or not key or key != key.strip():
+                raise ValueError("%s line %d is not KEY=VALUE: %r" % (path, number, line[:80]))
+            env[key] = value
+    return env
+
+
+def file_env(p, check_mode):
+    """(environment from p['env_file'], problem): the file's entries; a missing file in check mode is
+    reported as a problem and read as empty (the fabric stage writes it; check mode wrote nothing)."""
+    path = p.get("env_file")
+    if not path:
+        return {}, None
+    try:
+        return read_env_file(path), None
+    except FileNotFoundError:
+        why = (
+            "env_file: %s is not on this node; the fabric stage writes it (run the deploy, or its fabric stage)" % path
+        )
+        if check_mode:
+            return {}, why
+        raise ValueError(why) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError("env_file: cannot read %s: %s" % (path, exc)) from exc
+    except ValueError as exc:
+        raise ValueError("env_file: %s" % exc) from exc
 
 
 def container_config(p, image_id, argv, role, env):

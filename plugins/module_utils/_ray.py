@@ -102,9 +102,10 @@ def ray_start_argv(p):
     return argv
 
 
-def desired_config(p, image_id):
-    """Everything that defines the Ray container, in a JSON-able form (hashed into a label)."""
-    env = dict(p.get("env") or {})
+def desired_config(p, image_id, file_env=None):
+    """Everything that defines the Ray container, in a JSON-able form (hashed into a label). `file_env`:
+    the entries of its env file (module option env_file); p['env'] wins over them."""
+    env = dict(file_env or {}, **(p.get("env") or {}))
     # Matches --disable-usage-stats for any Ray process started inside (e.g. the vLLM driver).
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     return _container.container_config(p, image_id, ray_start_argv(p), p["role"], env)

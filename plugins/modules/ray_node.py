@@ -236,7 +236,13 @@ class RayNode:
                 msg="image: %s is not on this node's Docker engine; run the runtime_image role first "
                 "(it builds, verifies and copies the image to every node)" % self.p["image"]
             )
-        config = _ray.desired_config(self.p, image.id)
+        try:
+            from_file, problem = _container.file_env(self.p, self.module.check_mode)
+        except ValueError as exc:
+            self.module.fail_json(msg=str(exc))
+        if problem:
+            self.module.warn(problem)
+        config = _ray.desired_config(self.p, image.id, from_file)
         digest = _container.config_hash(config)
         image_entrypoint = (image.attrs.get("Config") or {}).get("Entrypoint")
         self.result.update(

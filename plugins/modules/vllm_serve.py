@@ -260,7 +260,9 @@ options:
     type: bool
     default: false
   container_env:
-    description: backend=mp. Environment of the rank container (the fabric's C(fabric_nccl_env)); O(env) is added to it.
+    description:
+      - backend=mp. Environment of the rank container, over the entries of O(env_file) (the fabric's
+        C(/etc/dgx-spark/nccl.env)); O(env) is added to it.
     type: dict
     default: {}
   node_memory:
@@ -956,7 +958,14 @@ class MpRank(VllmServe):
         if image is None:
             # The image is not on this node yet (the first play runs before the runtime image stage).
             self.module.exit_json(**self.result)
-        container_env = dict(p["container_env"], **env)
+        try:
+            from_file, problem = _container.file_env(p, self.module.check_mode)
+        except ValueError as exc:
+            self.fail(str(exc))
+        if problem:
+            self.module.warn(problem)
+        container_env = dict(from_file, **p["container_env"])
+        container_env.update(env)
         config = _container.container_config(p, image.id, argv, "rank-%d" % p["node_rank"], container_env)
         # The key enters the label's hash only as its own hash.
         digest = _container.config_hash(dict(config, env=_vllm_args.hashed_env(container_env)))

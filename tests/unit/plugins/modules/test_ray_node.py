@@ -81,6 +81,38 @@ def test_changed_env_recreates(monkeypatch, client):
     assert res["diff"]["before"]["config_hash"] != res["diff"]["after"]["config_hash"]
 
 
+def test_the_env_file_is_the_same_environment_and_hash_as_the_same_entries_given_inline(monkeypatch, client, tmp_path):
+    # The fabric stage's nccl.env as the nccl_env module renders it: the recorded container is left alone.
+    env_file = tmp_path / "nccl.env"
+    env_file.write_text("# written by dgx_spark.vllm\nNCCL_IB_DISABLE=1\n\nNCCL_SOCKET_IFNAME=lo\n")
+    container = recorded_container(client)
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, env={}, env_file=str(env_file)))
+    assert not failed, res
+    assert res["config_hash"] == container.labels[_container.HASH_LABEL] and res["actions"] == []
+    # The module's own entries win over the file's; a changed file recreates.
+    failed, res = run_module(
+        monkeypatch, ray_node, dict(RECORDED_ARGS, env={"NCCL_SOCKET_IFNAME": "eth9"}, env_file=str(env_file))
+    )
+    assert not failed and res["actions"] == ["recreated"]
+    environment = client.containers.created[0]["environment"]
+    assert environment["NCCL_IB_DISABLE"] == "1" and environment["NCCL_SOCKET_IFNAME"] == "eth9"
+
+
+def test_a_missing_or_malformed_env_file_is_named(monkeypatch, client, tmp_path):
+    missing = str(tmp_path / "nccl.env")
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, env_file=missing))
+    assert failed and res["msg"].startswith("env_file: %s is not on this node; the fabric stage writes it" % missing)
+    assert client.containers.created == []
+    warnings = []
+    monkeypatch.setattr(ray_node.AnsibleModule, "warn", lambda self, msg: warnings.append(msg))
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, env_file=missing, _ansible_check_mode=True))
+    assert not failed and any("is not on this node" in w for w in warnings)
+    bad = tmp_path / "bad.env"
+    bad.write_text("NCCL_IB_DISABLE=1\nexport NCCL_DEBUG\n")
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, env_file=str(bad)))
+    assert failed and "line 2 is not KEY=VALUE" in res["msg"] and client.containers.created == []
+
+
 def test_stopped_container_is_started_not_recreated(monkeypatch, client):
     container = recorded_container(client)
     container.attrs["State"]["Status"] = "exited"
