@@ -169,6 +169,12 @@ options:
     description: Seconds the whole serving probe of a running server may take, its completion included.
     type: int
     default: 60
+  ray_gpus:
+    description:
+      - With O(backend=ray), the GPUs the Ray cluster reports alive (the ray_cluster stage's wait). Fewer than
+        O(tensor_parallel_size) x O(pipeline_parallel_size) is refused before vllm serve starts, naming both.
+      - Omitted, Ray's GPUs are not checked here.
+    type: float
   probed:
     description:
       - With O(backend=mp) on the head, the probe the plan step (O(state=checked)) of this same run returned.
@@ -600,12 +606,27 @@ class VllmServe:
             errors.append("gpu_memory_utilization: must be in (0, 1], got %s" % gmu)
         if not 0 < self.p["port"] < 65536:
             errors.append("port: %s is not a TCP port; use 1..65535 (vllm_server_port)" % self.p["port"])
+        errors += self.ray_gpu_problems()
         if not errors:
             errors += self.layout_problems()
         if not errors:
             errors += self.memory_problems()
         if errors:
             self.fail("; ".join(errors))
+
+    def ray_gpu_problems(self):
+        """Ray's alive GPUs against TP x PP: vLLM would otherwise wait for a placement group Ray cannot give."""
+        p = self.p
+        wanted = p["tensor_parallel_size"] * p["pipeline_parallel_size"]
+        if p["ray_gpus"] is None or p["ray_gpus"] >= wanted:
+            return []
+        return [
+            "ray_gpus: the Ray cluster has %g GPUs alive, but tensor_parallel_size (%d) x pipeline_parallel_size (%d)"
+            " needs %d; vLLM would wait for GPUs Ray does not have. Make the GPUs Ray declares per node"
+            " (ray_cluster_gpus / ray_cluster_declared_gpus) add up to TP x PP, or lower"
+            " vllm_server_tensor_parallel_size / vllm_server_pipeline_parallel_size"
+            % (p["ray_gpus"], p["tensor_parallel_size"], p["pipeline_parallel_size"], wanted)
+        ]
 
     def layout_problems(self):
         """The parallel layout against the model's config.json on this node (the same path in the container)."""
@@ -1134,6 +1155,7 @@ def main():
         log_lines=dict(type="int", default=60),
         probe_timeout=dict(type="int", default=60),
         probed=dict(type="dict"),
+        ray_gpus=dict(type="float"),
         max_restarts=dict(type="int", default=3),
         restart_window=dict(type="int", default=3600),
         restart_backoff=dict(type="int", default=30),

@@ -211,6 +211,20 @@ def test_start_verify_and_secret_handling(monkeypatch, env):
     assert all(h.get("Authorization") == "Bearer s3cret" for m, p, h, d in api.requests if p.startswith("/v1"))
 
 
+def test_fewer_ray_gpus_than_tp_x_pp_is_refused_before_serve_starts(monkeypatch, env):
+    head, _api = env
+    failed, res = run_module(monkeypatch, vllm_serve, args(ray_gpus=1.0, pipeline_parallel_size=1))
+    assert failed and head.launches == []
+    assert (
+        "the Ray cluster has 1 GPUs alive, but tensor_parallel_size (2) x pipeline_parallel_size (1) needs 2"
+        in (res["msg"])
+    )
+    assert "ray_cluster_declared_gpus" in res["msg"]
+    # As many GPUs as the layout needs: served.
+    failed, res = run_module(monkeypatch, vllm_serve, args(ray_gpus=2.0))
+    assert not failed and len(head.launches) == 1
+
+
 def test_same_args_and_healthy_is_untouched(monkeypatch, env):
     head, _api = env
     a = args()
