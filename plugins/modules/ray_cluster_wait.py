@@ -66,7 +66,7 @@ options:
       - Seconds one poll keeps watching inside the container, re-reading the nodes every 0.1 s, before it
         answers; it answers at once when the expected nodes and GPUs are there. A join is then noticed
         within about 0.1 s instead of one Python start later. C(0) asks once per poll.
-      - The first poll always asks once: a cluster already complete (a re-converge) costs one read.
+      - The first poll always asks once, so a cluster already complete (a re-converge) costs one read.
       - The wait may overrun O(timeout) by up to this much.
     type: float
     default: 5.0
@@ -78,7 +78,7 @@ options:
         One or two restarts are let be; a worker left on a head that went away exits once and its restart
         policy brings it back to the new head.
       - An engine that cannot be reached is reported in RV(worker_engines) and only the join is waited for.
-      - Watched only once a poll has not found the cluster complete: a complete cluster opens no worker engine.
+      - Watched only once a poll has not found the cluster complete, so a complete cluster opens no worker engine.
     type: list
     elements: dict
     default: []
