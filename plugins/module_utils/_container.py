@@ -89,6 +89,17 @@ def file_env(p, check_mode):
         raise ValueError("env_file: %s" % exc) from exc
 
 
+def module_file_env(module, fail):
+    """file_env() for a module: a problem in check mode is a warning; any other is fail(msg)."""
+    try:
+        entries, problem = file_env(module.params, module.check_mode)
+    except ValueError as exc:
+        fail(str(exc))
+    if problem:
+        module.warn(problem)
+    return entries
+
+
 def container_config(p, image_id, argv, role, env):
     """Everything that defines the container, in a JSON-able form (hashed into a label)."""
     rdma = list(p.get("rdma_devices") or [])

@@ -236,12 +236,7 @@ class RayNode:
                 msg="image: %s is not on this node's Docker engine; run the runtime_image role first "
                 "(it builds, verifies and copies the image to every node)" % self.p["image"]
             )
-        try:
-            from_file, problem = _container.file_env(self.p, self.module.check_mode)
-        except ValueError as exc:
-            self.module.fail_json(msg=str(exc))
-        if problem:
-            self.module.warn(problem)
+        from_file = _container.module_file_env(self.module, lambda msg: self.module.fail_json(msg=msg))
         config = _ray.desired_config(self.p, image.id, from_file)
         digest = _container.config_hash(config)
         image_entrypoint = (image.attrs.get("Config") or {}).get("Entrypoint")

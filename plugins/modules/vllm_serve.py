@@ -979,13 +979,7 @@ class MpRank(VllmServe):
         if image is None:
             # The image is not on this node yet (the first play runs before the runtime image stage).
             self.module.exit_json(**self.result)
-        try:
-            from_file, problem = _container.file_env(p, self.module.check_mode)
-        except ValueError as exc:
-            self.fail(str(exc))
-        if problem:
-            self.module.warn(problem)
-        container_env = dict(from_file, **p["container_env"])
+        container_env = dict(_container.module_file_env(self.module, self.fail), **p["container_env"])
         container_env.update(env)
         config = _container.container_config(p, image.id, argv, "rank-%d" % p["node_rank"], container_env)
         # The key enters the label's hash only as its own hash.

@@ -765,13 +765,19 @@ def test_mp_head_rank_waits_for_health_and_verifies_with_the_key_kept_out_of_the
     assert not failed and not res["changed"] and len(client.containers.created) == 1
 
 
-def test_mp_plan_step_of_a_hung_head_plans_every_rank_again(monkeypatch, mp):
-    client, api = mp
+def converged_mp_head(monkeypatch):
+    """The head rank started, then its plan step (state=checked) on the converged engine: (args, plan)."""
     monkeypatch.setattr(_docker, "connect", lambda host, _timeout: Engine())
     head = mp_args(node_rank=0, workers=WORKERS)
     assert not run_module(monkeypatch, vllm_serve, head)[0]
-    failed, res = run_module(monkeypatch, vllm_serve, dict(head, state="checked"))
-    assert not failed and res["plan"] is None and res["probe"]["ok"]
+    failed, plan = run_module(monkeypatch, vllm_serve, dict(head, state="checked"))
+    assert not failed and plan["plan"] is None and plan["probe"]["ok"]
+    return head, plan
+
+
+def test_mp_plan_step_of_a_hung_head_plans_every_rank_again(monkeypatch, mp):
+    client, api = mp
+    head, _plan = converged_mp_head(monkeypatch)
     hang_completions(monkeypatch, api)
     failed, res = run_module(monkeypatch, vllm_serve, dict(head, state="checked"))
     # The plan the deploy reads to restart every rank together (vllm_server/vars: _vllm_server_restart_all).
@@ -782,11 +788,7 @@ def test_mp_plan_step_of_a_hung_head_plans_every_rank_again(monkeypatch, mp):
 
 def test_mp_head_left_alone_reports_the_plan_steps_probe_instead_of_probing_again(monkeypatch, mp):
     _client, api = mp
-    monkeypatch.setattr(_docker, "connect", lambda host, _timeout: Engine())
-    head = mp_args(node_rank=0, workers=WORKERS)
-    assert not run_module(monkeypatch, vllm_serve, head)[0]
-    failed, plan = run_module(monkeypatch, vllm_serve, dict(head, state="checked"))
-    assert not failed and plan["plan"] is None and plan["probe"]["ok"]
+    head, plan = converged_mp_head(monkeypatch)
     api.requests.clear()
     failed, res = run_module(monkeypatch, vllm_serve, dict(head, probed=plan["probe"]))
     assert not failed and not res["changed"] and res["probe"] == plan["probe"]
