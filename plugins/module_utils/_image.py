@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import socket
 import tarfile
 import uuid
 
@@ -325,25 +326,42 @@ class _Counter:
 
 
 class CopyBroken(ImageError):
-    """The stream between two engines broke; bytes_sent says how far it got."""
+    """The stream between two engines broke; bytes_sent says how far it got, timed_out whether an engine
+    stayed silent for the client's whole timeout (rather than hanging up)."""
 
-    def __init__(self, cause, bytes_sent):
+    def __init__(self, cause, bytes_sent, timed_out=False):
         super().__init__(cause)
         self.bytes_sent = bytes_sent
+        self.timed_out = timed_out
+
+
+def _timed_out(exc):
+    """Whether exc, or what it wraps (requests wraps urllib3 wraps socket), is a read or connect timeout."""
+    seen = []
+    while isinstance(exc, BaseException) and exc not in seen:
+        seen.append(exc)
+        if isinstance(exc, (socket.timeout, TimeoutError)) or type(exc).__name__ in ("ReadTimeoutError", "ReadTimeout"):
+            return True
+        wrapped = [a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)]
+        exc = exc.__cause__ or exc.__context__ or (wrapped[0] if wrapped else None)
+    return False
 
 
 def stream_image(source, target, ref):
     """docker save REF on source piped into docker load on target; returns the bytes moved."""
-    counter = _Counter(source.api.get_image(ref, chunk_size=1 << 20))
+    counter = _Counter(())
     try:
+        # docker save answers only once the engine has written the whole image to its temporary directory.
+        counter.stream = source.api.get_image(ref, chunk_size=1 << 20)
         for event in target.api.load_image(iter(counter)):
             if isinstance(event, dict) and event.get("error"):
                 raise ImageError("docker load failed: %s" % event["error"])
     except ImageError:
         raise
-    # A peer's engine that stops mid-copy surfaces as a broken pipe (OSError) or a client error.
+    # A peer's engine that stops mid-copy surfaces as a broken pipe (OSError) or a client error; an engine
+    # silent for the client's timeout as a requests timeout (an OSError too).
     except (OSError, DockerException) as exc:
-        raise CopyBroken("%s: %s" % (type(exc).__name__, exc), counter.bytes) from exc
+        raise CopyBroken("%s: %s" % (type(exc).__name__, exc), counter.bytes, _timed_out(exc)) from exc
     return counter.bytes
 
 

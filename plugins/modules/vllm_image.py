@@ -126,6 +126,14 @@ options:
       - Seconds the verification container may run.
     type: int
     default: 300
+  copy_timeout:
+    description:
+      - Seconds the copy to O(peers) waits on either engine before it gives up. C(docker save) sends its
+        first byte only after this node's engine has written the whole image to its temporary directory,
+        and C(docker load) answers only after the peer has unpacked it; for a 20 GB image on a slow disk
+        each takes minutes.
+    type: int
+    default: 1800
   require_ray:
     description:
       - Refuse an image where C(import ray) fails. The Ray backend runs its cluster inside the image; vLLM's
@@ -480,7 +488,9 @@ class ImageManager:
             if before != target and target and not self.module.check_mode:
                 started = time.monotonic()
                 try:
-                    entry["bytes_moved"] = stream_image(self.client, client, tag)
+                    source = connect(self.p["docker_host"], self.p["copy_timeout"])
+                    sink = connect(peer["docker_host"], self.p["copy_timeout"])
+                    entry["bytes_moved"] = stream_image(source, sink, tag)
                 except CopyBroken as exc:
                     self.copy_broken(peer, before, exc)
                 entry["seconds"] = round(time.monotonic() - started, 2)
@@ -504,12 +514,18 @@ class ImageManager:
             peer_answers = True
         except DockerException:
             peer_answers = False
+        sent = exc.bytes_sent
         try:
             self.client.ping()
             why = "the stream broke" if peer_answers else "the Docker engine on %s stopped answering" % name
+            if peer_answers and exc.timed_out:
+                silent = "this node's docker save" if sent == 0 else "docker save here or docker load on %s" % name
+                why = (
+                    "%s sent nothing for copy_timeout (%d s; the role's runtime_image_copy_timeout): raise it "
+                    "for a large image on a slow disk" % (silent, self.p["copy_timeout"])
+                )
         except DockerException:
             why = "this node's own Docker engine stopped answering"
-        sent = exc.bytes_sent
         self.result["failed_peer"] = name
         self.fail(
             "peers: copying %s to %s (%s) failed after %d bytes (%.1f MiB) were sent: %s (%s). %s keeps what it "
@@ -576,6 +592,7 @@ def main():
         python=dict(type="str", default="python3"),
         in_service_tag=dict(type="str", default="dgx-spark/vllm-runtime:in-service"),
         verify_timeout=dict(type="int", default=300),
+        copy_timeout=dict(type="int", default=1800),
         verified_record=dict(type="path"),
         require_ray=dict(type="bool", default=True),
         peers=dict(

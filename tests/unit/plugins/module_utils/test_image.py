@@ -7,8 +7,10 @@ import os
 import tarfile
 
 import pytest
+import requests
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _image
 from module_runner import FIXTURES, fixture_text
+from urllib3.exceptions import ReadTimeoutError
 
 ARCH = "Qwen3_5MoeForConditionalGeneration"
 MODEL_FILE = "/opt/venv/lib/python3.11/site-packages/vllm/model_executor/models/qwen3_5.py"
@@ -216,3 +218,41 @@ def test_stream_broken_by_the_peer_counts_what_was_sent():
     with pytest.raises(_image.CopyBroken, match="BrokenPipeError") as info:
         _image.stream_image(Client(), Client(), "x")
     assert info.value.bytes_sent == 7
+
+
+def test_stream_silent_engine_is_a_timeout_with_nothing_sent():
+    class Source:
+        class api:
+            @staticmethod
+            def get_image(ref, chunk_size):
+                # What docker-py raises when the engine sends no headers within the client's timeout.
+                raise requests.exceptions.ConnectionError(
+                    ReadTimeoutError(None, "/images/x/get", "Read timed out. (read timeout=120)")
+                )
+
+    class Target:
+        class api:
+            @staticmethod
+            def load_image(data):
+                raise AssertionError("nothing to load")
+
+    with pytest.raises(_image.CopyBroken, match="Read timed out") as info:
+        _image.stream_image(Source, Target, "x")
+    assert info.value.bytes_sent == 0 and info.value.timed_out
+
+
+def test_stream_broken_pipe_is_not_a_timeout():
+    class Api:
+        def get_image(self, ref, chunk_size):
+            return iter([b"abc"])
+
+        def load_image(self, data):
+            list(data)
+            raise BrokenPipeError(32, "Broken pipe")
+
+    class Client:
+        api = Api()
+
+    with pytest.raises(_image.CopyBroken) as info:
+        _image.stream_image(Client(), Client(), "x")
+    assert info.value.bytes_sent == 3 and not info.value.timed_out

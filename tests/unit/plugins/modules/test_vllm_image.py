@@ -79,7 +79,13 @@ def engine(monkeypatch):
     monkeypatch.setattr(
         vllm_image, "missing_donor_paths", lambda c, donor, paths: [p for p in paths if p in eng.missing]
     )
-    monkeypatch.setattr(vllm_image, "connect", lambda host, timeout: eng.peers[host])
+    eng.connected = []
+
+    def connect(host, timeout):
+        eng.connected.append((host, timeout))
+        return eng if host == "unix:///var/run/docker.sock" else eng.peers[host]
+
+    monkeypatch.setattr(vllm_image, "connect", connect)
     monkeypatch.setattr(vllm_image, "stream_image", stream)
     return eng
 
@@ -253,13 +259,13 @@ def test_peer_engine_dies_mid_copy_names_the_peer(monkeypatch, engine, model_dir
     calls = []
 
     def stream(source, target, ref):
+        calls.append("copy")
         raise _image.CopyBroken("BrokenPipeError: [Errno 32] Broken pipe", 5 * 1048576)
 
     def connect(host, timeout):
-        calls.append(host)
-        if len(calls) > 1:  # the engine answered before the copy, not after
+        if "copy" in calls:  # the engine answered before the copy, not after
             raise _image.DockerException("Error while fetching server API version: Connection refused")
-        return engine.peers[host]
+        return engine if host.startswith("unix://") else engine.peers[host]
 
     monkeypatch.setattr(vllm_image, "stream_image", stream)
     monkeypatch.setattr(vllm_image, "connect", connect)
@@ -272,3 +278,23 @@ def test_peer_engine_dies_mid_copy_names_the_peer(monkeypatch, engine, model_dir
     assert "the Docker engine on spark-2 stopped answering" in msg
     assert "run the deploy again" in msg
     assert engine.peers["ssh://root@spark-2"].tags == {}
+
+
+def test_copy_silent_for_copy_timeout_names_the_setting(monkeypatch, engine, model_dir):
+    engine.add("lab/donor:1", "sha256:donor")
+    engine.ping = lambda: True
+
+    def stream(source, target, ref):
+        # Both engines answer; this node's docker save had not sent its first byte within the timeout.
+        raise _image.CopyBroken("ConnectionError: Read timed out. (read timeout=900)", 0, timed_out=True)
+
+    monkeypatch.setattr(vllm_image, "stream_image", stream)
+    args = {"pull": "lab/donor:1", "model_dir": model_dir, "peers": PEERS[:1], "copy_timeout": 900}
+    failed, result = run_module(monkeypatch, vllm_image, args)
+    assert failed and result["failed_peer"] == "spark-2"
+    msg = result["msg"]
+    assert "this node's docker save sent nothing for copy_timeout (900 s" in msg
+    assert "runtime_image_copy_timeout" in msg and "stopped answering" not in msg
+    # The copy's own clients wait copy_timeout; the others keep docker_timeout.
+    assert ("unix:///var/run/docker.sock", 900) in engine.connected
+    assert ("ssh://root@spark-2", 900) in engine.connected
