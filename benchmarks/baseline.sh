@@ -18,7 +18,7 @@
 #   MAX_MODEL_LEN GMU                         vllm_server_max_model_len, _gpu_memory_utilization (empty: left out)
 #   PROMPT MAX_TOKENS                         vllm_server_smoke_prompt, vllm_server_smoke_max_tokens
 #   EXTRA_ARGS                                vllm_server_extra_args, one argument per line
-#   GPUS_PER_NODE SHM                         ray_cluster_declared_gpus, ray_cluster_shm_size
+#   GPUS_PER_NODE SHM                         cluster_gpus_per_node, ray_cluster_shm_size
 #   PLACEMENT                                 the role's placement strategy (VLLM_DISTRIBUTED_EXECUTOR_CONFIG)
 #
 #   HEAD=198.18.30.11 WORKER=198.18.30.12 HEAD_IP=198.18.130.11 WORKER_IP=198.18.130.12 \
@@ -44,7 +44,7 @@ fi
 : "${MODEL:?model path (vllm_server_model)}" "${SERVED:?served model name (vllm_server_served_model_name)}"
 : "${TP:?vllm_server_tensor_parallel_size}" "${PP:?vllm_server_pipeline_parallel_size}"
 : "${MAX_MODEL_LEN?vllm_server_max_model_len (may be empty)}" "${EXTRA_ARGS?vllm_server_extra_args, one per line}"
-: "${GPUS_PER_NODE:?ray_cluster_declared_gpus}" "${SHM:?ray_cluster_shm_size}"
+: "${GPUS_PER_NODE:?cluster_gpus_per_node}" "${SHM:?ray_cluster_shm_size}"
 IMAGE=${IMAGE:-dgx-spark/vllm-runtime:in-service}
 PORT=${PORT:-8000}
 PLACEMENT=${PLACEMENT:-SPREAD}

@@ -533,7 +533,7 @@ PROFILE_KEYS = dict(
     prompt="vllm_server_smoke_prompt",
     max_tokens="vllm_server_smoke_max_tokens",
     mp_port="vllm_server_mp_port",
-    gpus="ray_cluster_declared_gpus",
+    gpus="cluster_gpus_per_node",
     shm="ray_cluster_shm_size",
 )
 PROFILE = {}
@@ -541,7 +541,7 @@ PROFILE = {}
 
 def read_profile():
     defaults = {}
-    for role in ("vllm_server", "ray_cluster"):
+    for role in ("vllm_server", "ray_cluster", "cluster"):
         with open(os.path.join(TREE["root"], "roles", role, "defaults", "main.yml"), encoding="utf-8") as handle:
             defaults.update(yaml.safe_load(handle) or {})
     expr = "{{ {%s} | to_json }}" % ", ".join(

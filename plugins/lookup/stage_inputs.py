@@ -7,10 +7,10 @@ DOCUMENTATION = r"""
 name: stage_inputs
 short_description: A digest of a deploy stage's settings and of its role's tasks
 description:
-  - Returns the SHA-256 of every variable whose name starts with the stage's prefix (C(fabric_) for C(fabric)),
-    templated, of the text of the role's C(tasks/*.yml), of this collection's version and of O(extra); the
-    deploy's stage record
-    (M(dgx_spark.vllm.stage_state)) compares it with the digest of the last successful run.
+  - Returns the SHA-256 of every variable whose name starts with the stage's prefix (C(fabric_) for C(fabric))
+    or with C(cluster_) (the settings every stage shares, role C(dgx_spark.vllm.cluster)), templated, of the
+    text of the role's C(tasks/*.yml), of this collection's version and of O(extra); the deploy's stage
+    record (M(dgx_spark.vllm.stage_state)) compares it with the digest of the last successful run.
   - Variables ending in C(_token) are left out, so a new token does not make a stage run.
   - Run it inside the role (C(role_path) and the role's defaults must be in scope).
 version_added: 0.1.0
@@ -48,6 +48,8 @@ import os
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
+# The shared settings (roles/cluster) every stage may read: a change there reruns the stages.
+SHARED_PREFIX = "cluster_"
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -77,7 +79,8 @@ class LookupModule(LookupBase):
         if not role_path:
             raise AnsibleError("stage_inputs: %s: run it inside the stage's role (role_path is not set)." % stage)
         prefix = stage + "_"
-        names = sorted(name for name in variables if name.startswith(prefix) and not name.endswith("_token"))
+        prefixes = (prefix, SHARED_PREFIX)
+        names = sorted(name for name in variables if name.startswith(prefixes) and not name.endswith("_token"))
         settings = {name: self._templar.template(variables[name]) for name in names}
         tasks = []
         for path in sorted(glob.glob(os.path.join(self._templar.template(role_path), "tasks", "*.yml"))):

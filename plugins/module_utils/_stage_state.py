@@ -28,6 +28,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._nvidia_smi import 
     read_boot_id,
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._ping import HEADERS, RailPinger
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._ssh import unreachable
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text
 
 RECORD_VERSION = 1
@@ -146,18 +147,7 @@ class LiveState:
         return None, [why] if why else []
 
     def check_ssh(self, spec):
-        ssh = self.module.get_bin_path("ssh")
-        if not ssh:
-            return None, ["ssh is missing"]
-
-        def attempt(address):
-            argv = [ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "IdentitiesOnly=yes"]
-            argv += ["-i", spec["key"], "%s@%s" % (spec.get("user") or "root", address), "true"]
-            rc, _out, err = self.module.run_command(argv, environ_update=C_LOCALE)
-            return None if rc == 0 else "ssh to %s with %s fails (%s)" % (address, spec["key"], err.strip()[-160:])
-
-        with ThreadPoolExecutor(max_workers=max(1, min(len(spec["addresses"]), 16))) as pool:
-            return None, [problem for problem in pool.map(attempt, spec["addresses"]) if problem]
+        return None, unreachable(self.module, spec["key"], spec["user"], spec["addresses"])
 
     def check_boot(self, wanted):
         return (read_boot_id() if wanted else None), []
@@ -257,6 +247,12 @@ def probe(module, path, stages):
             )
         )
     return out, first_run, live.seconds
+
+
+def check(module, stages):
+    """Each stage's live checks, read now: (name, problems). Nothing recorded, nothing compared."""
+    live = LiveState(module)
+    return [(stage["name"], live.read(stage.get("checks") or {})[1]) for stage in stages]
 
 
 def record(module, path, stages):

@@ -168,7 +168,7 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _ssh
 
 try:
     from huggingface_hub import snapshot_download
@@ -290,14 +290,12 @@ class ModelFiles:
         record = dict(host=target["host"], address=target["address"], changed=False, seconds=0.0, files=0)
         self.result["synced"].append(record)
         rsync = self.module.get_bin_path("rsync", required=True)
-        ssh = ["ssh", "-i", self.p["ssh_key"], "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
-        if self.p["ssh_known_hosts"]:
-            ssh += ["-o", "UserKnownHostsFile=%s" % self.p["ssh_known_hosts"]]
+        ssh = _ssh.client_argv("ssh", self.p["ssh_key"], self.p["ssh_known_hosts"], accept_new=True)
         argv = [rsync, "-a", "--partial", "--mkpath", "--itemize-changes", "-e", " ".join(ssh)]
         if self.module.check_mode:
             argv.append("--dry-run")
-        host = target["address"] if ":" not in target["address"] else "[%s]" % target["address"]
-        argv += [self.p["path"].rstrip("/") + "/", "%s@%s:%s/" % (self.p["ssh_user"], host, dest.rstrip("/"))]
+        remote = "%s:%s/" % (_ssh.destination(self.p["ssh_user"], target["address"]), dest.rstrip("/"))
+        argv += [self.p["path"].rstrip("/") + "/", remote]
         started = time.monotonic()
         rc, out, err = self.module.run_command(argv, environ_update=dict(LC_ALL="C"))
         record["seconds"] = round(time.monotonic() - started, 1)

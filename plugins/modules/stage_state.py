@@ -15,6 +15,8 @@ description:
     stage is converged; settings changed, a live check failing now (an interface down or at another MTU, a
     DF ping lost, the Docker engine silent, a directory or package missing, too little disk) or a fingerprint
     that differs (file digests, image IDs, model manifest, GPUs, boot id) make a stage run, and every stage after it.
+  - With O(operation=check), runs the stages' pass-or-fail checks now and reports what fails; it reads no
+    record and writes none (preflight checks the head's node-to-node SSH this way, as the probe does).
   - The deploy playbook runs one probe per node instead of every stage's own checks when nothing changed; a
     stage that runs does all its own checks.
 version_added: 0.1.0
@@ -26,9 +28,9 @@ extends_documentation_fragment:
   - dgx_spark.vllm.attributes
 options:
   operation:
-    description: C(probe) reads and compares; C(record) writes the record of stages that just ran.
+    description: C(probe) reads and compares; C(record) writes the record of stages that just ran; C(check) only checks.
     type: str
-    choices: [probe, record]
+    choices: [probe, record, check]
     required: true
   path:
     description: The record file on the node.
@@ -56,7 +58,7 @@ options:
         description:
           - The live state the stage leaves. Keys C(python) (minimum version), C(disk) (C(path), C(min_free_bytes)),
             C(directories) (paths), C(packages) (Debian package names), C(docker) (engine address), C(ssh)
-            (C(key), C(addresses), C(user)) are pass-or-fail checks.
+            (C(key), C(user), C(addresses); the key alone, no prompt) are pass-or-fail checks.
           - C(boot) (true), C(gpus) (true), C(files) (paths, each fingerprinted by SHA-256), C(interfaces)
             (C(name), C(mtu), C(address); each also checked up, at that MTU and holding that address), C(images)
             (C(docker_host), C(refs); image IDs) and C(model) (C(path), C(fingerprint)) are fingerprinted.
@@ -67,7 +69,9 @@ options:
 attributes:
   check_mode:
     support: full
-    description: O(operation=probe) reads only; O(operation=record) reports what it would write and writes nothing.
+    description: >-
+      O(operation=probe) and O(operation=check) read only; O(operation=record) reports what it would write
+      and writes nothing.
   diff_mode:
     support: none
     description: The record is bookkeeping; no diff is shown.
@@ -87,6 +91,16 @@ EXAMPLES = r"""
           interfaces: "{{ fabric_interfaces | map('combine', {'mtu': fabric_mtu}) }}"
           files: [/etc/dgx-spark/nccl.env]
   register: probe
+
+- name: Check the head reaches every worker address with its node-to-node key
+  dgx_spark.vllm.stage_state:
+    operation: check
+    stages:
+      - name: peers
+        inputs: ""
+        checks:
+          ssh: {key: /root/.ssh/dgx_spark_ed25519, user: root, addresses: [192.168.100.11, 198.18.120.11]}
+  register: peers
 """
 
 RETURN = r"""
@@ -100,10 +114,12 @@ stages:
       description: The stage.
       type: str
     converged:
-      description: Whether the node still shows what the last run left (probe), or whether it was recorded (record).
+      description: >-
+        Whether the node still shows what the last run left (probe), whether it was recorded (record), or
+        whether every check passes (check).
       type: bool
     reasons:
-      description: Why the stage runs (probe) or why it was not recorded (record).
+      description: Why the stage runs (probe), why it was not recorded (record), or which checks fail (check).
       type: list
       elements: str
     facts:
@@ -122,14 +138,14 @@ first_run:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import CHECK_KEYS, probe, record
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import CHECK_KEYS, check, probe, record
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import write_text
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            operation=dict(type="str", choices=["probe", "record"], required=True),
+            operation=dict(type="str", choices=["probe", "record", "check"], required=True),
             path=dict(type="path", default="/var/lib/dgx-spark/stages.json"),
             stages=dict(
                 type="list",
@@ -156,6 +172,12 @@ def main():
     if module.params["operation"] == "probe":
         found, first_run, seconds = probe(module, path, stages)
         module.exit_json(changed=False, stages=found, first_run=first_run, seconds=seconds)
+    if module.params["operation"] == "check":
+        found = [
+            dict(name=name, converged=not problems, reasons=problems, facts={})
+            for name, problems in check(module, stages)
+        ]
+        module.exit_json(changed=False, stages=found)
     done, skipped, changed, text = record(module, path, stages)
     if changed and not module.check_mode:
         write_text(module, path, text, "0600")

@@ -622,8 +622,8 @@ class VllmServe:
             return []
         return [
             "ray_gpus: the Ray cluster has %g GPUs alive, but tensor_parallel_size (%d) x pipeline_parallel_size (%d)"
-            " needs %d; vLLM would wait for GPUs Ray does not have. Make the GPUs Ray declares per node"
-            " (ray_cluster_gpus / ray_cluster_declared_gpus) add up to TP x PP, or lower"
+            " needs %d; vLLM would wait for GPUs Ray does not have. Make the GPUs each node declares to Ray"
+            " (cluster_gpus_per_node) add up to TP x PP, or lower"
             " vllm_server_tensor_parallel_size / vllm_server_pipeline_parallel_size"
             % (p["ray_gpus"], p["tensor_parallel_size"], p["pipeline_parallel_size"], wanted)
         ]

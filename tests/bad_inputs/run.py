@@ -201,11 +201,11 @@ CASES = [
         "extra_args",
     ),
     (
-        "role-ray-gpus-type",
+        "role-cluster-gpus-type",
         "role",
         "ray_cluster",
-        {"ray_cluster_gpus": "one", "fabric_ip": "198.18.120.11"},
-        "ray_cluster_gpus",
+        {"cluster_gpus_per_node": "one", "fabric_ip": "198.18.120.11"},
+        "cluster_gpus_per_node",
         "int",
     ),
     (
@@ -291,7 +291,7 @@ CASES = [
         "deploy-tp-does-not-split-heads",
         "deploy",
         "deploy",
-        {"ray_cluster_declared_gpus": 3, "vllm_server_tensor_parallel_size": 6},
+        {"cluster_gpus_per_node": 3, "vllm_server_tensor_parallel_size": 6},
         "vllm_server_tensor_parallel_size: 6",
         "TP=2 x PP=3",
     ),

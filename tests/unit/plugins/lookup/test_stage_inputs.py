@@ -39,6 +39,11 @@ def test_the_stage_settings_the_tasks_and_extra_move_it(role):
     assert digest(role, fabric_mtu=9000) != base
 
 
+def test_the_shared_cluster_settings_move_it(role):
+    base = digest(role, fabric_mtu=9000, cluster_peer_user="root")
+    assert digest(role, fabric_mtu=9000, cluster_peer_user="spark") != base
+
+
 def test_other_stages_and_tokens_do_not(role):
     base = digest(role, fabric_mtu=9000)
     assert digest(role, fabric_mtu=9000, model_path="/x", fabric_hf_token="hf_" + "x" * 8) == base

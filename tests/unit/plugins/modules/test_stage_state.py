@@ -180,3 +180,28 @@ def test_unknown_check_is_refused_naming_it(monkeypatch, node):
 def test_a_record_of_another_version_is_ignored(monkeypatch, node):
     node["record"].write_text(json.dumps({"version": 0, "stages": {"preflight": {"inputs": "p1"}}}))
     assert probe(monkeypatch, node)["stages"][0]["reasons"] == ["no record of a successful run"]
+
+
+def test_check_runs_the_checks_now_and_writes_no_record(monkeypatch, tmp_path):
+    # No fakes: the real ssh client against loopback with a key that does not exist is refused, whatever
+    # listens on port 22.
+    key, path = str(tmp_path / "no-such-key"), tmp_path / "stages.json"
+    given = [
+        dict(name="dirs", inputs="", checks=dict(directories=[str(tmp_path)])),
+        dict(name="peers", inputs="", checks=dict(ssh=dict(key=key, user="spark", addresses=["127.0.0.1"]))),
+    ]
+    failed, result = run_module(monkeypatch, stage_state, dict(operation="check", path=str(path), stages=given))
+    assert not failed and not result["changed"]
+    assert verdicts(result) == [("dirs", True), ("peers", False)]
+    (reason,) = result["stages"][1]["reasons"]
+    assert reason.startswith("ssh spark@127.0.0.1 with %s fails (" % key), reason
+    assert not path.exists()
+
+
+def test_check_passes_every_stage_whose_checks_pass(monkeypatch, node):
+    given = [dict(name="dirs", inputs="", checks=dict(directories=[str(node["tmp"])]))]
+    failed, result = run_module(monkeypatch, stage_state, dict(operation="check", stages=given))
+    assert not failed and verdicts(result) == [("dirs", True)] and result["stages"][0]["reasons"] == []
+    given[0]["checks"]["directories"].append(str(node["tmp"] / "gone"))
+    failed, result = run_module(monkeypatch, stage_state, dict(operation="check", stages=given))
+    assert not failed and verdicts(result) == [("dirs", False)]

@@ -219,7 +219,7 @@ def test_fewer_ray_gpus_than_tp_x_pp_is_refused_before_serve_starts(monkeypatch,
         "the Ray cluster has 1 GPUs alive, but tensor_parallel_size (2) x pipeline_parallel_size (1) needs 2"
         in (res["msg"])
     )
-    assert "ray_cluster_declared_gpus" in res["msg"]
+    assert "cluster_gpus_per_node" in res["msg"]
     # As many GPUs as the layout needs: served.
     failed, res = run_module(monkeypatch, vllm_serve, args(ray_gpus=2.0))
     assert not failed and len(head.launches) == 1
