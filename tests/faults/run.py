@@ -593,10 +593,8 @@ def case_engine_dies_during_copy(suite):
         after_stop = started + res.seconds - stopped["at"] if "at" in stopped else None
         ok, observed = fails_naming(res, lab.HEAD, "runtime_image", COPY_DEPLOY_BOUND, before)
         named = all(w in line for w in ("to %s" % lab.WORKER, "stopped answering", "bytes", "run the deploy again"))
-        observed += "; engine stopped at %s MiB spooled, %s" % (
-            stopped.get("mib", "NEVER"),
-            "the deploy failed %.1fs later" % after_stop if after_stop is not None else "never",
-        )
+        later = "never" if after_stop is None else "the deploy failed %.1fs later" % after_stop
+        observed += "; engine stopped at %s MiB spooled, %s" % (stopped.get("mib", "NEVER"), later)
         ok = ok and named and after_stop is not None and after_stop <= COPY_FAIL_BOUND
         return ok, observed + ("" if named else "; the message does not name it")
 
