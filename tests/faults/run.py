@@ -590,10 +590,12 @@ def case_engine_dies_during_copy(suite):
         _play, _host, line = lab.first_failure(res)
         engine_back(lab.WORKER)
         # Bounded from the stop: how soon the head's engine stages the image for docker save is the disk's.
-        after_stop = started + res.seconds - stopped["at"] if "at" in stopped else None
+        after_stop, later = None, "never"
+        if "at" in stopped:
+            after_stop = started + res.seconds - stopped["at"]
+            later = "the deploy failed %.1fs later" % after_stop
         ok, observed = fails_naming(res, lab.HEAD, "runtime_image", COPY_DEPLOY_BOUND, before)
         named = all(w in line for w in ("to %s" % lab.WORKER, "stopped answering", "bytes", "run the deploy again"))
-        later = "never" if after_stop is None else "the deploy failed %.1fs later" % after_stop
         observed += "; engine stopped at %s MiB spooled, %s" % (stopped.get("mib", "NEVER"), later)
         ok = ok and named and after_stop is not None and after_stop <= COPY_FAIL_BOUND
         return ok, observed + ("" if named else "; the message does not name it")
