@@ -55,6 +55,11 @@ class Result:
         return self.out.splitlines()
 
 
+# Every run's Result, in order: a failed case prints the tail of the last one it made.
+RUNS = []
+TAIL_LINES = 25
+
+
 def run(argv, timeout, on_line=None, env=None):
     """Run argv in its own process group, at most `timeout` seconds; `on_line(line, proc)` sees each output line
     and may return a string to kill the whole group at that point (the string is recorded as killed_at)."""
@@ -98,7 +103,8 @@ def run(argv, timeout, on_line=None, env=None):
     if timed_out or killed_at:
         kill_group(proc)
     rc = proc.wait()
-    return Result(rc, "\n".join(out), round(time.monotonic() - started, 1), timed_out, killed_at)
+    RUNS.append(Result(rc, "\n".join(out), round(time.monotonic() - started, 1), timed_out, killed_at))
+    return RUNS[-1]
 
 
 def kill_group(proc):
@@ -363,7 +369,7 @@ class Suite:
 
     def case(self, name, expected, fn):
         """fn() returns (ok, observed). Any exception is a failed case with its message as observed."""
-        started = time.monotonic()
+        started, runs_before = time.monotonic(), len(RUNS)
         try:
             ok, observed = fn()
         except Exception as exc:
@@ -375,6 +381,10 @@ class Suite:
             self.failed += 1
         observed = " ".join(str(observed).split())
         print("%s | %s | %s%s | %.1f" % (name, expected, "" if ok else "FAILED: ", observed, seconds), flush=True)
+        # Where the case's last playbook was when it failed or was cut off (never for the secrets cases).
+        if not ok and len(RUNS) > runs_before and not name.startswith("secrets"):
+            for line in RUNS[-1].lines[-TAIL_LINES:]:
+                print("  %s | %s" % (name, line[:300]), flush=True)
         return ok
 
     def finish(self):
