@@ -55,8 +55,8 @@ class Result:
         return self.out.splitlines()
 
 
-# Every run's Result, in order: a failed case prints the tail of the last one it made.
-RUNS = []
+# How many runs were made and the last one's Result: a failed case prints the tail of its last run.
+RUNS = {"made": 0, "last": None}
 TAIL_LINES = 25
 
 
@@ -103,8 +103,9 @@ def run(argv, timeout, on_line=None, env=None):
     if timed_out or killed_at:
         kill_group(proc)
     rc = proc.wait()
-    RUNS.append(Result(rc, "\n".join(out), round(time.monotonic() - started, 1), timed_out, killed_at))
-    return RUNS[-1]
+    RUNS["made"] += 1
+    RUNS["last"] = Result(rc, "\n".join(out), round(time.monotonic() - started, 1), timed_out, killed_at)
+    return RUNS["last"]
 
 
 def kill_group(proc):
@@ -369,7 +370,7 @@ class Suite:
 
     def case(self, name, expected, fn):
         """fn() returns (ok, observed). Any exception is a failed case with its message as observed."""
-        started, runs_before = time.monotonic(), len(RUNS)
+        started, runs_before = time.monotonic(), RUNS["made"]
         try:
             ok, observed = fn()
         except Exception as exc:
@@ -382,8 +383,8 @@ class Suite:
         observed = " ".join(str(observed).split())
         print("%s | %s | %s%s | %.1f" % (name, expected, "" if ok else "FAILED: ", observed, seconds), flush=True)
         # Where the case's last playbook was when it failed or was cut off (never for the secrets cases).
-        if not ok and len(RUNS) > runs_before and not name.startswith("secrets"):
-            for line in RUNS[-1].lines[-TAIL_LINES:]:
+        if not ok and RUNS["made"] > runs_before and not name.startswith("secrets"):
+            for line in RUNS["last"].lines[-TAIL_LINES:]:
                 print("  %s | %s" % (name, line[:300]), flush=True)
         return ok
 
