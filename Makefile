@@ -27,7 +27,9 @@ lab-down: venv
 	ansible-playbook -i inventories/lab playbooks/lab.yml -e lab_state=absent \
 	  -e lab_remove_images=$${LAB_REMOVE_IMAGES:-false}
 
-## Every test: lint, sanity, unit tests, Molecule scenarios on the lab.
+## Every test: lint, sanity, unit tests, Molecule scenarios on the lab, then the faults and bad inputs on the
+## lab Molecule leaves up (one lab set-up for all of them); the bad-input suite takes it down.
+test: MOLECULE_DESTROY = never
 test: venv engine lint sanity unit integration contract molecule faults
 
 lint: venv
@@ -60,12 +62,15 @@ SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy r
 # Molecule's state lives in build/ and starts empty: state left in ~/.ansible/tmp by another checkout
 # named the same (or an interrupted run) would otherwise make it skip creating the lab.
 MOLECULE_STATE := $(CURDIR)/build/molecule-state
+# never: leave the lab up at the end (make test runs the faults on it).
+MOLECULE_DESTROY ?= always
 molecule: venv engine
 	rm -rf $(MOLECULE_STATE)
-	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test $(foreach s,$(SCENARIOS),-s $(s))
+	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test --destroy $(MOLECULE_DESTROY) \
+	  $(foreach s,$(SCENARIOS),-s $(s))
 
-## Faults and bad inputs on a second lab (tests/faults/inventory): each case one line, then `N passed, N failed`.
-## The fault suite leaves its lab deployed for the bad-input suite, which takes it down.
+## Faults and bad inputs on the lab (inventories/lab; created when absent): each case one line, then
+## `N passed, N failed`. The fault suite leaves the lab deployed for the bad-input suite, which takes it down.
 faults: venv engine
 	python tests/faults/run.py --keep-lab; rc=$$?; python tests/bad_inputs/run.py || rc=1; exit $$rc
 

@@ -23,8 +23,10 @@ Every `ray start` flag emitted here was checked against Ray's own CLI
 
 from __future__ import annotations
 
+import calendar
 import ipaddress
 import json
+import time
 
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container
 
@@ -111,23 +113,26 @@ def desired_config(p, image_id, file_env=None):
     return _container.container_config(p, image_id, ray_start_argv(p), p["role"], env)
 
 
-# Runs inside the head container: `python3 -c RAY_QUERY SECONDS [WATCH EXPECTED_IPS GPUS]`. It asks the
-# GCS for its node table directly (GcsClient, at the address `ray start --head` recorded, as
+# Runs inside the head container: `python3 -c RAY_QUERY SECONDS [WATCH EXPECTED_IPS GPUS [NOT_BEFORE]]`. It
+# asks the GCS for its node table directly (GcsClient, at the address `ray start --head` recorded, as
 # ray.init(address='auto') finds it): no Ray driver is started, which costs seconds on a warm run.
 # The alarm bounds one poll. With WATCH > 0 one exec re-reads the table every 0.1 s for up to WATCH
-# seconds and stops as soon as exactly the expected IPs are alive with the expected GPUs (only a hint
-# to stop early: compare() below decides). Each node is printed with the keys of ray.nodes()
-# (Alive, NodeManagerAddress, NodeManagerHostname, Resources), so the parsing below reads either.
+# seconds and stops as soon as exactly the expected IPs are alive with the expected GPUs, each node
+# registered no earlier than NOT_BEFORE ({ip: ms}) gives it (only a hint to stop early: compare() below
+# decides). Each node is printed with the keys of ray.nodes() (Alive, NodeManagerAddress,
+# NodeManagerHostname, Resources) and StartTimeMs, the raylet's own wall clock at its start.
 RAY_QUERY = (
     "import json, signal, sys, time\n"
     "watch = float(sys.argv[2]) if len(sys.argv) > 4 else 0.0\n"
+    "not_before = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}\n"
     "signal.alarm(int(sys.argv[1]) + int(watch))\n"
     "from ray._private.services import canonicalize_bootstrap_address_or_die\n"
     "from ray._raylet import GcsClient\n"
     "gcs = GcsClient(address=canonicalize_bootstrap_address_or_die('auto'))\n"
     "def read():\n"
     "    return [{'NodeID': i.node_id.hex(), 'Alive': i.state == 0, 'NodeManagerAddress': i.node_manager_address,\n"
-    "             'NodeManagerHostname': i.node_manager_hostname, 'Resources': dict(i.resources_total)}\n"
+    "             'NodeManagerHostname': i.node_manager_hostname, 'Resources': dict(i.resources_total),\n"
+    "             'StartTimeMs': i.start_time_ms}\n"
     "            for i in gcs.get_all_node_info(timeout=int(sys.argv[1])).values()]\n"
     "end = time.monotonic() + watch\n"
     "while True:\n"
@@ -136,12 +141,38 @@ RAY_QUERY = (
     "        break\n"
     "    alive = [n for n in nodes if n['Alive']]\n"
     "    ips = sorted(n['NodeManagerAddress'] for n in alive)\n"
+    "    fresh = all(n['StartTimeMs'] >= not_before.get(n['NodeManagerAddress'], 0) for n in alive)\n"
     "    gpus = sum(float(n['Resources'].get('GPU', 0) or 0) for n in alive)\n"
-    "    if ips == sorted(json.loads(sys.argv[3])) and gpus == float(sys.argv[4]):\n"
+    "    if ips == sorted(json.loads(sys.argv[3])) and gpus == float(sys.argv[4]) and fresh:\n"
     "        break\n"
     "    time.sleep(0.1)\n"
     "print(json.dumps({'nodes': nodes}))\n"
 )
+
+
+def docker_time_ms(text):
+    """Milliseconds since the epoch of a time as Docker reports it (RFC 3339 in UTC, nanoseconds), or None
+    for an empty or zero time."""
+    if not text or text.startswith("0001-"):
+        return None
+    stamp, _dot, fraction = text.rstrip("Z").partition(".")
+    try:
+        seconds = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+    return seconds * 1000 + int((fraction + "000")[:3])
+
+
+def not_before(expected_nodes):
+    """{ip: ms} for the expected nodes whose Ray container's start time is known (option started_at): a node
+    registered before it is a Ray node from before that container's last start, which Ray has not marked
+    dead yet."""
+    found = {}
+    for node in expected_nodes:
+        ms = docker_time_ms(node.get("started_at"))
+        if ms is not None:
+            found[node["ip"]] = ms
+    return found
 
 
 def parse_query_output(text):
@@ -157,7 +188,7 @@ def parse_query_output(text):
 
 
 def cluster_state(doc):
-    """Alive nodes (ip, gpus) and the total GPUs of the alive nodes."""
+    """Alive nodes (ip, gpus, start time) and the total GPUs of the alive nodes."""
     alive = []
     for node in doc.get("nodes") or []:
         if node.get("Alive") or node.get("alive"):
@@ -166,6 +197,7 @@ def cluster_state(doc):
                     "ip": node.get("NodeManagerAddress"),
                     "hostname": node.get("NodeManagerHostname"),
                     "gpus": float((node.get("Resources") or {}).get("GPU", 0) or 0),
+                    "start_ms": node.get("StartTimeMs"),
                 }
             )
     dead = [n.get("NodeManagerAddress") for n in doc.get("nodes") or [] if not (n.get("Alive") or n.get("alive"))]
@@ -178,14 +210,23 @@ def cluster_state(doc):
 
 
 def compare(state, expected_nodes, expected_gpus):
-    """Return (done, summary): done when the alive set is exactly the expected one and GPUs match."""
+    """Return (done, summary): done when the alive set is exactly the expected one, GPUs match, and no alive
+    node registered before its container's last start (a stale node: vLLM could place a worker on it)."""
+    limits = not_before(expected_nodes)
+
+    def stale(node):
+        return node["start_ms"] is not None and node["start_ms"] < limits.get(node["ip"], 0)
+
     alive_ips = [n["ip"] for n in state["alive"]]
-    missing = [n for n in expected_nodes if n["ip"] not in alive_ips]
+    fresh_ips = [n["ip"] for n in state["alive"] if not stale(n)]
+    missing = [n for n in expected_nodes if n["ip"] not in fresh_ips]
+    stale_nodes = [n for n in expected_nodes if any(a["ip"] == n["ip"] and stale(a) for a in state["alive"])]
     expected_ips = {n["ip"] for n in expected_nodes}
     unexpected = sorted({ip for ip in alive_ips if ip not in expected_ips})
     duplicated = sorted({ip for ip in alive_ips if alive_ips.count(ip) > 1})
     done = (
         not missing
+        and not stale_nodes
         and not unexpected
         and state["alive_nodes"] == len(expected_nodes)
         and state["gpus"] == float(expected_gpus)
@@ -196,6 +237,7 @@ def compare(state, expected_nodes, expected_gpus):
         "gpus": state["gpus"],
         "expected_gpus": float(expected_gpus),
         "missing": [{"host": n["host"], "ip": n["ip"]} for n in missing],
+        "stale": [{"host": n["host"], "ip": n["ip"]} for n in stale_nodes],
         "unexpected_ips": unexpected,
         "duplicated_ips": duplicated,
     }
@@ -211,6 +253,10 @@ def progress_line(summary):
     )
     if summary["missing"]:
         text += "; missing %s" % ", ".join("%s (%s)" % (n["host"], n["ip"]) for n in summary["missing"])
+    if summary.get("stale"):
+        text += "; not yet dead in Ray: %s (registered before its Ray container last started)" % ", ".join(
+            "%s (%s)" % (n["host"], n["ip"]) for n in summary["stale"]
+        )
     return text
 
 

@@ -45,6 +45,14 @@ options:
         description: The node's fabric IP (its C(--node-ip-address)).
         type: str
         required: true
+      started_at:
+        description:
+          - When the node's Ray container last started, as Docker reports it (C(State.StartedAt), RFC 3339;
+            RV(dgx_spark.vllm.ray_node#module:container.started_at)).
+          - A node at this IP that registered with the head earlier (its raylet's own start time, on the same
+            node's clock) is a Ray node from before that start, which Ray has not marked dead yet; the wait
+            goes on until it is gone, since vLLM could place a worker on it.
+        type: str
   expected_gpus:
     description: Total GPUs the alive nodes must declare.
     type: int
@@ -210,7 +218,12 @@ class ClusterWait:
         self.first_argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
         self.query_argv = list(self.first_argv)
         if self.p["watch"] > 0:
-            self.query_argv += [str(self.p["watch"]), json.dumps(sorted(ips)), str(float(self.p["expected_gpus"]))]
+            self.query_argv += [
+                str(self.p["watch"]),
+                json.dumps(sorted(ips)),
+                str(float(self.p["expected_gpus"])),
+                json.dumps(_ray.not_before(self.p["expected_nodes"])),
+            ]
         self.watched, self.engines, self.watching = [], {}, False
         res = wait_for(lambda: self.poll(container), self.p["timeout"], self.p["interval"])
         out = dict(
@@ -309,6 +322,11 @@ class ClusterWait:
                 "Missing node %s (%s): its Ray worker never joined or died; check its container and Docker engine."
                 % (node["host"], node["ip"])
             )
+        for node in self.summary.get("stale") or []:
+            parts.append(
+                "Node %s (%s) is still listed alive from before its Ray container last started: Ray marks a raylet "
+                "dead after its health checks fail (about 30 s by default)." % (node["host"], node["ip"])
+            )
         if self.summary["unexpected_ips"]:
             parts.append("Nodes not in the inventory joined: %s." % ", ".join(self.summary["unexpected_ips"]))
         if not self.summary["missing"] and self.summary["gpus"] != self.summary["expected_gpus"]:
@@ -330,7 +348,9 @@ def main():
             type="list",
             elements="dict",
             required=True,
-            options=dict(host=dict(type="str", required=True), ip=dict(type="str", required=True)),
+            options=dict(
+                host=dict(type="str", required=True), ip=dict(type="str", required=True), started_at=dict(type="str")
+            ),
         ),
         expected_gpus=dict(type="int", required=True),
         timeout=dict(type="int", default=300),

@@ -150,7 +150,12 @@ container:
   description: The container after the run (empty when absent).
   returned: always
   type: dict
-  sample: {id: 4f1c0e, name: ray-head, status: running}
+  sample: {id: 4f1c0e, name: ray-head, status: running, started_at: "2026-12-02T06:10:03.52Z"}
+  contains:
+    started_at:
+      description: When the container last started (Docker's C(State.StartedAt)); ray_cluster_wait holds the node's
+        Ray registration against it.
+      type: str
 actions:
   description: What was done, in order (V(created), V(recreated), V(started), V(removed)); empty when nothing changed.
   returned: always
@@ -267,6 +272,8 @@ class RayNode:
             kwargs = _container.create_kwargs(config, self.p["name"], digest, docker_types, _ray.ROLE_LABEL)
             container = self.docker(client.containers.create, **kwargs)
             self.docker(container.start)
+        # The start time the Ray wait holds this node's registration against.
+        self.docker(container.reload)
         if self.p["wait_ready"]:
             self.wait_ready(container)
         self.result["container"] = self.summary(container)
@@ -308,7 +315,8 @@ class RayNode:
 
     @staticmethod
     def summary(container):
-        return dict(id=container.id, name=container.name, status=container.status)
+        state = container.attrs.get("State") or {}
+        return dict(id=container.id, name=container.name, status=container.status, started_at=state.get("StartedAt"))
 
 
 def main():

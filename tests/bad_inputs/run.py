@@ -1,4 +1,4 @@
-"""Bad inputs to the collection's modules, roles and inventory, on the faults lab: each must be refused with
+"""Bad inputs to the collection's modules, roles and inventory, on the lab: each must be refused with
 a message naming the parameter and the fix, and leave every node's state (containers, images,
 interfaces, files under /etc/dgx-spark, /var/lib/dgx-spark, /etc/netplan) exactly as it was.
 
@@ -20,7 +20,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import labkit as lab
 
 ROLE_PLAYBOOK = os.path.join(lab.ROOT, "tests", "bad_inputs", "role.yml")
-FAB = [{"name": "enp1s0f1np1", "address": "198.18.120.11/24"}]
+# The head's first rail as the inventory gives it (name and ADDRESS/PREFIX), and that address alone.
+RAIL, HEAD_CIDR = lab.HEAD_RAIL, lab.FABRIC_CIDR[lab.HEAD]
+HEAD_IP = lab.FABRIC[lab.HEAD]
+FAB = [{"name": RAIL, "address": HEAD_CIDR}]
 
 # (case, kind, target, arguments, parameter the message must name, words of the fix it must give)
 # kind: module (ad hoc on the head), role (tests/bad_inputs/role.yml), inventory (deploy-qwen35.yml
@@ -31,7 +34,7 @@ CASES = [
         "roce-address-not-ip",
         "module",
         "roce_interface",
-        {"name": "enp1s0f1np1", "address": "198.18.120.300/24"},
+        {"name": RAIL, "address": HEAD_IP.rsplit(".", 1)[0] + ".300/24"},
         "address",
         "ADDRESS/PREFIX",
     ),
@@ -39,7 +42,7 @@ CASES = [
         "roce-address-no-prefix",
         "module",
         "roce_interface",
-        {"name": "enp1s0f1np1", "address": "198.18.120.11"},
+        {"name": RAIL, "address": HEAD_IP},
         "address",
         "/24",
     ),
@@ -47,7 +50,7 @@ CASES = [
         "roce-mtu-too-big",
         "module",
         "roce_interface",
-        {"name": "enp1s0f1np1", "address": "198.18.120.11/24", "mtu": 65000},
+        {"name": RAIL, "address": HEAD_CIDR, "mtu": 65000},
         "mtu",
         "9216",
     ),
@@ -55,7 +58,7 @@ CASES = [
         "roce-interface-missing",
         "module",
         "roce_interface",
-        {"name": "enp9s0nope", "address": "198.18.120.11/24"},
+        {"name": "enp9s0nope", "address": HEAD_CIDR},
         "name",
         "fabric_interfaces",
     ),
@@ -152,7 +155,7 @@ CASES = [
         "ray-worker-no-head",
         "module",
         "ray_node",
-        {"name": "ray-bad", "role": "worker", "image": lab.IN_SERVICE, "node_ip": "198.18.120.11"},
+        {"name": "ray-bad", "role": "worker", "image": lab.IN_SERVICE, "node_ip": HEAD_IP},
         "head_address",
         "fabric IP",
     ),
@@ -160,7 +163,7 @@ CASES = [
         "ray-port-zero",
         "module",
         "ray_node",
-        {"name": "ray-bad", "role": "head", "image": lab.IN_SERVICE, "node_ip": "198.18.120.11", "ray_port": 0},
+        {"name": "ray-bad", "role": "head", "image": lab.IN_SERVICE, "node_ip": HEAD_IP, "ray_port": 0},
         "ray_port",
         "65535",
     ),
@@ -204,7 +207,7 @@ CASES = [
         "role-cluster-gpus-type",
         "role",
         "ray_cluster",
-        {"cluster_gpus_per_node": "one", "fabric_ip": "198.18.120.11"},
+        {"cluster_gpus_per_node": "one", "fabric_ip": HEAD_IP},
         "cluster_gpus_per_node",
         "int",
     ),
@@ -222,8 +225,8 @@ CASES = [
         "module",
         "nccl_env",
         {
-            "interfaces": [{"name": "enp1s0f1np1", "address": "198.18.120.11/24"}],
-            "master_addr": "198.18.120.11",
+            "interfaces": [{"name": RAIL, "address": HEAD_CIDR}],
+            "master_addr": HEAD_IP,
             "allow_socket_fallback": True,
             "extra_env": {"NCCL_IB_GID_INDEX": "3"},
             "path": "/etc/dgx-spark/bad-inputs.env",
@@ -333,7 +336,7 @@ CASES = [
         "inventory-no-head-group",
         "inventory",
         "deploy",
-        "spark:\n  children:\n    spark_workers:\n      hosts:\n        fault-1:\n        fault-2:\n",
+        "spark:\n  children:\n    spark_workers:\n      hosts:\n        %s:\n        %s:\n" % (lab.HEAD, lab.WORKER),
         "spark_head",
         "inventory",
     ),
@@ -341,7 +344,7 @@ CASES = [
         "inventory-two-heads",
         "inventory",
         "deploy",
-        "spark:\n  children:\n    spark_head:\n      hosts:\n        fault-1:\n        fault-2:\n",
+        "spark:\n  children:\n    spark_head:\n      hosts:\n        %s:\n        %s:\n" % (lab.HEAD, lab.WORKER),
         "spark_head",
         "exactly one",
     ),
@@ -370,7 +373,7 @@ def run_case(kind, target, args):
         return lab.playbook(ROLE_PLAYBOOK, "-e", json.dumps(extra), timeout=180)
     with tempfile.TemporaryDirectory() as tmp:
         inv = os.path.join(tmp, "inventory")
-        # The faults inventory with another hosts.yml: group_vars and host_vars are links to the real ones.
+        # The lab's inventory with another hosts.yml: group_vars and host_vars are links to the real ones.
         os.makedirs(inv)
         for name in ("group_vars", "host_vars"):
             os.symlink(os.path.join(lab.INVENTORY, name), os.path.join(inv, name))

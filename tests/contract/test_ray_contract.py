@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -59,7 +60,8 @@ def test_an_unknown_ray_start_flag_is_refused(in_image_json):
 # A real one-node Ray cluster in the image (loopback: the container has no network), then the wait's own
 # query (_ray.RAY_QUERY) run against it, in watch mode, as ray_cluster_wait runs it in the head container.
 LIVE_QUERY = r"""
-import json, os, subprocess, sys
+import json, os, subprocess, sys, time
+before_ms = int(time.time() * 1000)
 ray = os.path.join(os.path.dirname(sys.executable), "ray")
 start = [ray, "start", "--head", "--node-ip-address=127.0.0.1", "--num-gpus=1", "--disable-usage-stats",
          "--include-dashboard=false"]
@@ -69,13 +71,15 @@ try:
 finally:
     subprocess.run([ray, "stop", "--force"], capture_output=True)
 import ray as ray_pkg
-print(json.dumps({"version": ray_pkg.__version__, "start": started.returncode, "start_err": started.stderr[-1500:],
+print(json.dumps({"version": ray_pkg.__version__, "before_ms": before_ms,
+                  "start": started.returncode, "start_err": started.stderr[-1500:],
                   "rc": query.returncode, "out": query.stdout, "err": query.stderr[-3000:]}))
 """
 
 
 def test_the_wait_query_reads_a_real_ray_cluster(in_image_json):
-    got = in_image_json(LIVE_QUERY, _ray.RAY_QUERY, "30", "10", json.dumps(["127.0.0.1"]), "1.0", timeout=300)
+    # As the module asks while it watches: the expected IPs, GPUs and each node's earliest start ({} here).
+    got = in_image_json(LIVE_QUERY, _ray.RAY_QUERY, "30", "10", json.dumps(["127.0.0.1"]), "1.0", "{}", timeout=300)
     assert got["version"] == "2.60.0"
     assert got["start"] == 0, got["start_err"]
     assert got["rc"] == 0, got["err"]
@@ -84,6 +88,18 @@ def test_the_wait_query_reads_a_real_ray_cluster(in_image_json):
     assert [(n["ip"], n["gpus"]) for n in state["alive"]] == [("127.0.0.1", 1.0)]
     done, summary = _ray.compare(state, [{"host": "spark-1", "ip": "127.0.0.1"}], 1)
     assert done, summary
+    # The raylet's start time is on the node's wall clock, after its container (here: this script) started:
+    # a node restarted at `before` is fresh; one whose container started after the raylet is stale.
+    node_ms = state["alive"][0]["start_ms"]
+    assert got["before_ms"] <= node_ms <= got["before_ms"] + 120000
+    at = datetime.datetime.fromtimestamp(got["before_ms"] / 1000, datetime.UTC)
+    started = at.strftime("%Y-%m-%dT%H:%M:%S.") + "%03d000000Z" % (got["before_ms"] % 1000)
+    assert _ray.docker_time_ms(started) == got["before_ms"]
+    done, summary = _ray.compare(state, [{"host": "spark-1", "ip": "127.0.0.1", "started_at": started}], 1)
+    assert done and summary["stale"] == [], summary
+    later = (at + datetime.timedelta(seconds=(node_ms - got["before_ms"]) / 1000 + 1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    done, summary = _ray.compare(state, [{"host": "spark-1", "ip": "127.0.0.1", "started_at": later}], 1)
+    assert not done and summary["stale"] == [{"host": "spark-1", "ip": "127.0.0.1"}], summary
 
 
 def test_the_wait_query_names_a_missing_ray(in_image):

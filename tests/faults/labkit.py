@@ -1,5 +1,6 @@
-"""The faults lab (tests/faults/inventory): bring it up and down, run playbooks with a time bound, read
-the nodes' state, and report cases as `case | expected | observed | seconds`.
+"""The lab the suites drive (inventories/lab by default: the lab Molecule leaves up): bring it up and down,
+run playbooks with a time bound, read the nodes' state, and report cases as `case | expected | observed |
+seconds`. Node names and addresses come from the inventory.
 
 Shared by tests/faults/run.py and tests/bad_inputs/run.py. Everything here drives the real Docker
 engine, real SSH and the real playbooks; nothing is mocked.
@@ -17,22 +18,62 @@ import subprocess
 import sys
 import time
 
+import yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INVENTORY = os.path.join(ROOT, "tests", "faults", "inventory")
 BIN = os.path.dirname(sys.executable)
 ANSIBLE_PLAYBOOK = os.path.join(BIN, "ansible-playbook")
 ANSIBLE = os.path.join(BIN, "ansible")
+ANSIBLE_INVENTORY = os.path.join(BIN, "ansible-inventory")
 DEPLOY = os.path.join(ROOT, "deploy-qwen35.yml")
 RECONVERGE = os.path.join(ROOT, "roles", "reconverge", "files", "dgx_spark_reconverge.py")
-LAB_NAME = "dgx-spark-faults"
-HEAD, WORKER = "fault-1", "fault-2"
-NODES = (HEAD, WORKER)
-MGMT = {HEAD: "198.18.20.11", WORKER: "198.18.20.12"}
-FABRIC = {HEAD: "198.18.120.11", WORKER: "198.18.120.12"}
-MODEL_PATH = "/var/lib/dgx-spark/models/lab-qwen3.5-moe-tiny"
-MODEL_NAME = "lab-qwen3.5-moe-tiny"
+# The suites drive the lab this inventory describes: the Molecule lab by default (make test runs them on
+# the lab Molecule leaves up), another with DGX_SPARK_LAB_INVENTORY.
+INVENTORY = os.path.abspath(os.environ.get("DGX_SPARK_LAB_INVENTORY") or os.path.join(ROOT, "inventories", "lab"))
+
+
+def read_inventory(path):
+    """Names and addresses of the lab's nodes, as the inventory gives them (ansible-inventory --list;
+    templated values are not rendered, so only literal ones are read)."""
+    proc = subprocess.run([ANSIBLE_INVENTORY, "-i", path, "--list"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit("ansible-inventory -i %s --list failed: %s" % (path, proc.stderr.strip()))
+    doc = json.loads(proc.stdout)
+    hostvars = doc["_meta"]["hostvars"]
+    heads = doc.get("spark_head", {}).get("hosts", [])
+    workers = doc.get("spark_workers", {}).get("hosts", [])
+    if len(heads) != 1 or not workers:
+        raise SystemExit("%s: the suites need one host in spark_head and at least one in spark_workers" % path)
+    nodes = tuple(heads + workers)
+    head_vars = hostvars[heads[0]]
+    with open(os.path.join(ROOT, "roles", "lab", "defaults", "main.yml"), encoding="utf-8") as fh:
+        lab_name = head_vars.get("lab_name") or yaml.safe_load(fh)["lab_name"]
+    fabric = {h: hostvars[h]["fabric_interfaces"][0]["address"] for h in nodes}
+    return dict(
+        nodes=nodes,
+        mgmt={h: hostvars[h]["ansible_host"] for h in nodes},
+        fabric={h: cidr.split("/")[0] for h, cidr in fabric.items()},
+        fabric_cidr=fabric,
+        head_rail=head_vars["fabric_interfaces"][0]["name"],
+        model_path=head_vars["model_path"],
+        model_name=head_vars["vllm_server_served_model_name"],
+        api_port=int(head_vars["vllm_server_port"]),
+        lab_name=lab_name,
+    )
+
+
+_LAB = read_inventory(INVENTORY)
+LAB_NAME = _LAB["lab_name"]
+NODES = _LAB["nodes"]
+HEAD, WORKER = NODES[0], NODES[1]
+MGMT = _LAB["mgmt"]
+FABRIC = _LAB["fabric"]
+FABRIC_CIDR = _LAB["fabric_cidr"]
+HEAD_RAIL = _LAB["head_rail"]
+MODEL_PATH = _LAB["model_path"]
+MODEL_NAME = _LAB["model_name"]
+API_PORT = _LAB["api_port"]
 IN_SERVICE = "dgx-spark/vllm-runtime:in-service"
-API_PORT = 8000
 # The collection's paths on a node: what a bad input must leave alone.
 STATE_PATHS = ("/etc/dgx-spark", "/var/lib/dgx-spark", "/etc/netplan")
 
@@ -166,14 +207,14 @@ def lab_running():
 def lab_up():
     res = playbook(os.path.join(ROOT, "playbooks", "lab.yml"), timeout=600)
     if res.rc != 0:
-        raise RuntimeError("the faults lab did not come up (exit %d):\n%s" % (res.rc, tail(res.out)))
+        raise RuntimeError("the lab did not come up (exit %d):\n%s" % (res.rc, tail(res.out)))
     return res.seconds
 
 
 def lab_down():
     res = playbook(os.path.join(ROOT, "playbooks", "lab.yml"), "-e", "lab_state=absent", timeout=300)
     if res.rc != 0:
-        raise RuntimeError("the faults lab did not go down (exit %d):\n%s" % (res.rc, tail(res.out)))
+        raise RuntimeError("the lab did not go down (exit %d):\n%s" % (res.rc, tail(res.out)))
     return res.seconds
 
 
@@ -396,8 +437,8 @@ class Suite:
 def main_wrapper(suite_name, body, argv=None):
     """Create the lab when absent, run `body(suite, args)`, take the lab down unless --keep-lab."""
 
-    parser = argparse.ArgumentParser(description="%s on the faults lab (tests/faults/inventory)" % suite_name)
-    parser.add_argument("--keep-lab", action="store_true", help="leave the faults lab up at the end")
+    parser = argparse.ArgumentParser(description="%s on the lab of %s" % (suite_name, INVENTORY))
+    parser.add_argument("--keep-lab", action="store_true", help="leave the lab up at the end")
     parser.add_argument("--only", action="append", default=[], help="run only cases whose name contains this")
     args = parser.parse_args(argv)
     suite = Suite(suite_name)
@@ -405,7 +446,7 @@ def main_wrapper(suite_name, body, argv=None):
     made = False
     try:
         if not lab_running():
-            print("# %s: creating the faults lab (%s)" % (suite_name, LAB_NAME), flush=True)
+            print("# %s: creating the lab (%s)" % (suite_name, LAB_NAME), flush=True)
             print("# lab up in %.0fs" % lab_up(), flush=True)
             made = True
         body(suite, args, made)

@@ -1,4 +1,4 @@
-"""Fault cases on the faults lab: each one either makes the deploy fail within its bound, naming the node
+"""Fault cases on the lab: each one either makes the deploy fail within its bound, naming the node
 and the stage, or is repaired by the next re-convergence (a real completion through the endpoint
 afterwards); model files and the in-service image are checked by hash and image ID before and after.
 
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import labkit as lab
 
-REPORTS = os.path.join(lab.ROOT, ".lab-faults", "reconverge")
+REPORTS = os.path.join(lab.ROOT, "build", "faults-reconverge")
 # Bounds, in seconds: a deploy that must fail, and a repair by one re-convergence.
 FAIL_BOUND = 150
 REPAIR_BOUND = 240
@@ -352,8 +352,8 @@ def case_engine_core_killed(suite):
     )
 
 
-# Prometheus on the faults lab (tests/faults/inventory monitoring.yml: 2 s scrapes and evaluations, for: 4s),
-# installed by the case that needs it: every other deploy of the suite runs without the monitoring stage.
+# Prometheus on the lab (inventories/lab monitoring.yml: 2 s scrapes and evaluations, for: 4s). The case
+# runs the monitoring stage first, so Prometheus is there whatever the inventory enables.
 ALERTS = r"""
 import json, sys, urllib.request
 url = "http://%s:9090/api/v1/alerts" % sys.argv[1]

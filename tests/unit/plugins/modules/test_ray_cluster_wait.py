@@ -175,8 +175,78 @@ def test_an_incomplete_cluster_is_watched_with_the_expectation_in_one_exec(monke
     assert not failed, res
     assert seen == [
         ["python3", "-c", _ray.RAY_QUERY, "7"],
-        ["python3", "-c", _ray.RAY_QUERY, "7", "2.5", json.dumps(sorted([HEAD_IP, WORKER_IP])), "2.0"],
+        ["python3", "-c", _ray.RAY_QUERY, "7", "2.5", json.dumps(sorted([HEAD_IP, WORKER_IP])), "2.0", "{}"],
     ]
+
+
+# The worker's Ray container last started at WORKER_STARTED (Docker's State.StartedAt); a raylet registered
+# before that (StartTimeMs, the raylet's clock on the same node) is the one its old container ran.
+WORKER_STARTED = "2026-12-02T06:10:03.520431877Z"
+WORKER_STARTED_MS = 1796191803520
+
+
+def with_start_times(doc, worker_ms, head_ms=WORKER_STARTED_MS - 60000):
+    for node in doc["nodes"]:
+        node["StartTimeMs"] = worker_ms if node["NodeManagerAddress"] == WORKER_IP else head_ms
+    return doc
+
+
+def test_docker_times_read_as_milliseconds():
+    assert _ray.docker_time_ms(WORKER_STARTED) == WORKER_STARTED_MS
+    assert _ray.docker_time_ms("2026-12-02T06:10:03Z") == WORKER_STARTED_MS - 520
+    assert _ray.docker_time_ms("0001-01-01T00:00:00Z") is None
+    assert _ray.docker_time_ms(None) is None
+    assert _ray.docker_time_ms("yesterday") is None
+
+
+def test_a_node_from_before_its_container_restarted_is_waited_out(monkeypatch, head):
+    # The killed container's raylet is still listed alive; the restarted one registers, then Ray marks the
+    # old one dead: only then is the cluster complete.
+    stale = with_start_times(recorded("nodes_two_alive.json"), WORKER_STARTED_MS - 30000)
+    fresh = with_start_times(recorded("nodes_two_alive.json"), WORKER_STARTED_MS + 1500)
+    old_worker = next(n for n in stale["nodes"] if n["NodeManagerAddress"] == WORKER_IP)
+    both = {"nodes": fresh["nodes"] + [dict(old_worker, NodeID="0" * 56)]}
+    answers(head, [stale, stale, both, fresh])
+    expected = [EXPECTED[0], dict(EXPECTED[1], started_at=WORKER_STARTED)]
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=expected, expected_gpus=2)
+    )
+    assert not failed, res
+    assert res["elapsed"] == 3.0
+    assert [p["state"] for p in res["progress"]] == [
+        "2/2 nodes alive, 2/2 GPUs; missing spark-2 (192.0.2.3); not yet dead in Ray: spark-2 (192.0.2.3)"
+        " (registered before its Ray container last started)",
+        "3/2 nodes alive, 3/2 GPUs; not yet dead in Ray: spark-2 (192.0.2.3)"
+        " (registered before its Ray container last started)",
+        "2/2 nodes alive, 2/2 GPUs",
+    ]
+
+
+def test_the_watch_is_told_each_nodes_start(monkeypatch, head):
+    seen = []
+    docs = [recorded("nodes_head_only.json"), with_start_times(recorded("nodes_two_alive.json"), WORKER_STARTED_MS)]
+
+    def handler(cmd, **_kwargs):
+        seen.append(cmd)
+        return FakeExecResult(0, (json.dumps(docs.pop(0)) + "\n").encode())
+
+    head.exec_handler = handler
+    expected = [EXPECTED[0], dict(EXPECTED[1], started_at=WORKER_STARTED)]
+    args = dict(container="ray-head", expected_nodes=expected, expected_gpus=2, watch=2.5, poll_timeout=7)
+    failed, res = run_module(monkeypatch, ray_cluster_wait, args)
+    assert not failed, res
+    assert seen[1][-1] == json.dumps({WORKER_IP: WORKER_STARTED_MS})
+
+
+def test_a_stale_node_at_the_timeout_is_named(monkeypatch, head):
+    answers(head, [with_start_times(recorded("nodes_two_alive.json"), WORKER_STARTED_MS - 30000)])
+    expected = [EXPECTED[0], dict(EXPECTED[1], started_at=WORKER_STARTED)]
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=expected, expected_gpus=2, timeout=4)
+    )
+    assert failed
+    assert res["missing"] == [{"host": "spark-2", "ip": WORKER_IP}]
+    assert "Node spark-2 (192.0.2.3) is still listed alive from before its Ray container last started" in res["msg"]
 
 
 def test_head_restarting_while_waited_for_fails_with_its_log(monkeypatch, head):

@@ -68,6 +68,8 @@ def test_hash_matches_the_label_the_real_engine_holds(monkeypatch, client):
     assert res["config_hash"] == container.labels[_container.HASH_LABEL]
     assert not res["changed"] and res["actions"] == []
     assert client.containers.created == [] and "start" not in container.calls
+    # The Ray wait holds this node's registration against the container's last start.
+    assert res["container"]["started_at"] == container.attrs["State"]["StartedAt"]
 
 
 def test_changed_env_recreates(monkeypatch, client):
@@ -120,6 +122,8 @@ def test_stopped_container_is_started_not_recreated(monkeypatch, client):
     assert not failed, res
     assert res["actions"] == ["started"]
     assert "start" in container.calls and client.containers.created == []
+    # Read again after the start: the start time returned is the new one.
+    assert container.calls.index("reload") > container.calls.index("start")
 
 
 def test_force_restart_recreates_unchanged(monkeypatch, client):
