@@ -174,3 +174,24 @@ def test_every_bench_serve_flag_the_benchmark_emits_exists(bench_flags, load):
     emitted = [a for a in _vllm_bench.point_argv(params, 2.0) if a.startswith("--")]
     assert len(emitted) > 15
     assert [flag for flag in emitted if flag not in listed] == []
+
+
+# Where the real torch, vLLM and Triton put their compile caches, with the environment the ray_cluster role
+# gives every engine container (roles/ray_cluster/vars/main.yml, below ray_cluster_cache_dir).
+CACHE_DIRS = r"""
+import json
+import torch._inductor.runtime.cache_dir_utils as inductor
+import triton
+import vllm.envs as envs
+print(json.dumps({"TORCHINDUCTOR_CACHE_DIR": inductor.cache_dir(), "VLLM_CACHE_ROOT": envs.VLLM_CACHE_ROOT,
+                  "TRITON_CACHE_DIR": triton.knobs.cache.dir}))
+"""
+
+
+def test_the_engine_cache_variables_move_each_cache(in_image):
+    with open(os.path.join(ROOT, "roles", "ray_cluster", "vars", "main.yml"), encoding="utf-8") as fh:
+        subdirs = yaml.safe_load(fh)["_ray_cluster_cache_env"]
+    env = {name: "/var/cache/dgx-spark/engine/" + sub for name, sub in subdirs.items()}
+    rc, out, err = in_image(CACHE_DIRS, env=env)
+    assert rc == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1]) == env
