@@ -64,13 +64,17 @@ SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy r
 MOLECULE_STATE := $(CURDIR)/build/molecule-state
 # never: leave the lab up at the end (make test runs the faults on it).
 MOLECULE_DESTROY ?= always
+# The scenarios start from nodes made new: a lab left up (make lab, or a make test that failed and kept it)
+# is taken down first.
 molecule: venv engine
 	rm -rf $(MOLECULE_STATE)
+	$(MAKE) --no-print-directory lab-down
 	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test --destroy $(MOLECULE_DESTROY) \
 	  $(foreach s,$(SCENARIOS),-s $(s))
 
-## Faults and bad inputs on the lab (inventories/lab; created when absent): each case one line, then
-## `N passed, N failed`. The fault suite leaves the lab deployed for the bad-input suite, which takes it down.
+## Faults and bad inputs on the lab (inventories/lab; created when absent; the one `make lab` makes): each case
+## one line, then `N passed, N failed`. The fault suite leaves the lab deployed for the bad-input suite, which
+## takes it down.
 faults: venv engine
 	python tests/faults/run.py --keep-lab; rc=$$?; python tests/bad_inputs/run.py || rc=1; exit $$rc
 

@@ -157,10 +157,9 @@ def docker_time_ms(text):
         return None
     stamp, _dot, fraction = text.rstrip("Z").partition(".")
     try:
-        seconds = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+        return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")) * 1000 + int((fraction + "000")[:3])
     except ValueError:
         return None
-    return seconds * 1000 + int((fraction + "000")[:3])
 
 
 def not_before(expected_nodes):
@@ -215,12 +214,15 @@ def compare(state, expected_nodes, expected_gpus):
     limits = not_before(expected_nodes)
 
     def stale(node):
-        return node["start_ms"] is not None and node["start_ms"] < limits.get(node["ip"], 0)
+        # A start time of 0 is one Ray did not set: unknown, not old.
+        return bool(node["start_ms"]) and node["start_ms"] < limits.get(node["ip"], 0)
 
     alive_ips = [n["ip"] for n in state["alive"]]
     fresh_ips = [n["ip"] for n in state["alive"] if not stale(n)]
-    missing = [n for n in expected_nodes if n["ip"] not in fresh_ips]
     stale_nodes = [n for n in expected_nodes if any(a["ip"] == n["ip"] and stale(a) for a in state["alive"])]
+    # A node only seen from before its container's start is stale, not missing; once it is gone and the new
+    # one has not registered yet, it is missing.
+    missing = [n for n in expected_nodes if n["ip"] not in fresh_ips and n not in stale_nodes]
     expected_ips = {n["ip"] for n in expected_nodes}
     unexpected = sorted({ip for ip in alive_ips if ip not in expected_ips})
     duplicated = sorted({ip for ip in alive_ips if alive_ips.count(ip) > 1})

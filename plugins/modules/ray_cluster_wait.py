@@ -150,6 +150,13 @@ missing:
   returned: always
   type: list
   elements: dict
+stale:
+  description:
+    - Expected nodes seen alive only from before their Ray container's last start (O(expected_nodes[].started_at)),
+      which Ray has not marked dead yet, as C(host) and C(ip).
+  returned: always
+  type: list
+  elements: dict
 elapsed:
   description: Seconds waited.
   returned: always
@@ -232,6 +239,7 @@ class ClusterWait:
             alive_nodes=len(self.alive),
             gpus=self.summary["gpus"] if self.summary else 0.0,
             missing=self.summary["missing"] if self.summary else self.all_missing(),
+            stale=self.summary["stale"] if self.summary else [],
             elapsed=round(res.elapsed, 2),
             progress=res.progress,
             worker_engines=self.engines,
@@ -302,7 +310,14 @@ class ClusterWait:
 
     def empty(self):
         return dict(
-            nodes=[], alive_nodes=0, gpus=0.0, missing=self.all_missing(), elapsed=0.0, progress=[], worker_engines={}
+            nodes=[],
+            alive_nodes=0,
+            gpus=0.0,
+            missing=self.all_missing(),
+            stale=[],
+            elapsed=0.0,
+            progress=[],
+            worker_engines={},
         )
 
     def failure_message(self, res):
@@ -329,7 +344,11 @@ class ClusterWait:
             )
         if self.summary["unexpected_ips"]:
             parts.append("Nodes not in the inventory joined: %s." % ", ".join(self.summary["unexpected_ips"]))
-        if not self.summary["missing"] and self.summary["gpus"] != self.summary["expected_gpus"]:
+        if (
+            not self.summary["missing"]
+            and not self.summary["stale"]
+            and self.summary["gpus"] != self.summary["expected_gpus"]
+        ):
             parts.append(
                 "Every node is alive but the GPUs do not add up (%g, expected %g): check gpus/declared_gpus per node."
                 % (self.summary["gpus"], self.summary["expected_gpus"])

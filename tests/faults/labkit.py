@@ -31,11 +31,22 @@ RECONVERGE = os.path.join(ROOT, "roles", "reconverge", "files", "dgx_spark_recon
 # the lab Molecule leaves up), another with DGX_SPARK_LAB_INVENTORY.
 INVENTORY = os.path.abspath(os.environ.get("DGX_SPARK_LAB_INVENTORY") or os.path.join(ROOT, "inventories", "lab"))
 
+ENV = dict(
+    os.environ,
+    ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+    ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build", "collections"),
+    ANSIBLE_NOCOLOR="1",
+    ANSIBLE_FORCE_COLOR="0",
+    PYTHONUNBUFFERED="1",
+)
+
 
 def read_inventory(path):
     """Names and addresses of the lab's nodes, as the inventory gives them (ansible-inventory --list;
     templated values are not rendered, so only literal ones are read)."""
-    proc = subprocess.run([ANSIBLE_INVENTORY, "-i", path, "--list"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [ANSIBLE_INVENTORY, "-i", path, "--list"], capture_output=True, text=True, check=False, cwd=ROOT, env=ENV
+    )
     if proc.returncode != 0:
         raise SystemExit("ansible-inventory -i %s --list failed: %s" % (path, proc.stderr.strip()))
     doc = json.loads(proc.stdout)
@@ -76,15 +87,6 @@ API_PORT = _LAB["api_port"]
 IN_SERVICE = "dgx-spark/vllm-runtime:in-service"
 # The collection's paths on a node: what a bad input must leave alone.
 STATE_PATHS = ("/etc/dgx-spark", "/var/lib/dgx-spark", "/etc/netplan")
-
-ENV = dict(
-    os.environ,
-    ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-    ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build", "collections"),
-    ANSIBLE_NOCOLOR="1",
-    ANSIBLE_FORCE_COLOR="0",
-    PYTHONUNBUFFERED="1",
-)
 
 
 class Result:

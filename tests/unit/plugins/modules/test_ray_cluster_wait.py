@@ -214,7 +214,7 @@ def test_a_node_from_before_its_container_restarted_is_waited_out(monkeypatch, h
     assert not failed, res
     assert res["elapsed"] == 3.0
     assert [p["state"] for p in res["progress"]] == [
-        "2/2 nodes alive, 2/2 GPUs; missing spark-2 (192.0.2.3); not yet dead in Ray: spark-2 (192.0.2.3)"
+        "2/2 nodes alive, 2/2 GPUs; not yet dead in Ray: spark-2 (192.0.2.3)"
         " (registered before its Ray container last started)",
         "3/2 nodes alive, 3/2 GPUs; not yet dead in Ray: spark-2 (192.0.2.3)"
         " (registered before its Ray container last started)",
@@ -245,8 +245,24 @@ def test_a_stale_node_at_the_timeout_is_named(monkeypatch, head):
         monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=expected, expected_gpus=2, timeout=4)
     )
     assert failed
-    assert res["missing"] == [{"host": "spark-2", "ip": WORKER_IP}]
+    assert res["missing"] == [] and res["stale"] == [{"host": "spark-2", "ip": WORKER_IP}]
     assert "Node spark-2 (192.0.2.3) is still listed alive from before its Ray container last started" in res["msg"]
+    assert "Missing node" not in res["msg"] and "GPUs do not add up" not in res["msg"]
+
+
+def test_a_start_time_ray_did_not_set_is_not_stale(monkeypatch, head):
+    answers(head, [with_start_times(recorded("nodes_two_alive.json"), 0)])
+    expected = [EXPECTED[0], dict(EXPECTED[1], started_at=WORKER_STARTED)]
+    failed, res = run_module(
+        monkeypatch, ray_cluster_wait, dict(container="ray-head", expected_nodes=expected, expected_gpus=2, timeout=4)
+    )
+    assert not failed, res
+    assert res["stale"] == [] and res["alive_nodes"] == 2
+
+
+def test_a_docker_time_with_an_offset_is_not_read():
+    assert _ray.docker_time_ms("2026-12-02T07:10:03.52+01:00") is None
+    assert _ray.docker_time_ms("2026-12-02T07:10:03+01:00") is None
 
 
 def test_head_restarting_while_waited_for_fails_with_its_log(monkeypatch, head):
