@@ -43,11 +43,17 @@ VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 STATE = os.path.join(ROOT, ".lab-bench", "ssh")
 # The collection under test: this tree, or --tree (e.g. an earlier commit, for a before/after).
 TREE = {"root": ROOT}
-HEAD, WORKER = "bench-1", "bench-2"
-HEAD_MGMT, WORKER_MGMT = "198.18.30.11", "198.18.30.12"
-HEAD_FABRIC, WORKER_FABRIC = "198.18.130.11", "198.18.130.12"
-IMAGE = "dgx-spark/vllm-runtime:in-service"
-PORT = 8000
+# Names and addresses from the bench lab's inventory, read the way the other suites read theirs.
+sys.path.insert(0, os.path.join(ROOT, "tests", "faults"))
+os.environ.setdefault("DGX_SPARK_LAB_INVENTORY", INVENTORY)
+import labkit  # noqa: E402 - the path above first
+
+_LAB = labkit.read_inventory(INVENTORY)
+HEAD, WORKER = _LAB["nodes"][:2]
+HEAD_MGMT, WORKER_MGMT = _LAB["mgmt"][HEAD], _LAB["mgmt"][WORKER]
+HEAD_FABRIC, WORKER_FABRIC = _LAB["fabric"][HEAD], _LAB["fabric"][WORKER]
+IMAGE = labkit.IN_SERVICE
+PORT = _LAB["api_port"]
 # The serve log inside the Ray head container: the collection's (vllm_serve's log_file) and the baseline's.
 SERVE_LOG = "/tmp/dgx-spark-vllm-serve.log"  # noqa: S108 - inside the container
 BASELINE_LOG = "/tmp/baseline-vllm.log"  # noqa: S108
