@@ -21,6 +21,11 @@ import time
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The collection's own filters (build/collections links this tree), so the suites reach the endpoint where
+# the deploy summary, status.yml and the Molecule verifies do.
+sys.path.insert(0, os.path.join(ROOT, "build", "collections"))
+from ansible_collections.dgx_spark.vllm.plugins.filter.endpoint import api_url  # noqa: E402
+
 BIN = os.path.dirname(sys.executable)
 ANSIBLE_PLAYBOOK = os.path.join(BIN, "ansible-playbook")
 ANSIBLE = os.path.join(BIN, "ansible")
@@ -69,6 +74,7 @@ def read_inventory(path):
         model_path=head_vars["model_path"],
         model_name=head_vars["vllm_server_served_model_name"],
         api_port=int(head_vars["vllm_server_port"]),
+        api_url=api_url(head_vars),
         lab_name=lab_name,
     )
 
@@ -84,6 +90,8 @@ HEAD_RAIL = _LAB["head_rail"]
 MODEL_PATH = _LAB["model_path"]
 MODEL_NAME = _LAB["model_name"]
 API_PORT = _LAB["api_port"]
+# The head's API as the collection's api_url filter gives it (http://FABRIC_IP:PORT).
+API_URL = _LAB["api_url"]
 IN_SERVICE = "dgx-spark/vllm-runtime:in-service"
 # The collection's paths on a node: what a bad input must leave alone.
 STATE_PATHS = ("/etc/dgx-spark", "/var/lib/dgx-spark", "/etc/netplan")
@@ -365,14 +373,14 @@ except Exception as exc:
 """
 
 
-def health(client=WORKER, host=FABRIC[HEAD]):
+def health(client=WORKER, url=API_URL):
     """/health's status code as the worker sees it, or `no answer (...)`."""
-    return node(client, "python3", "-", "http://%s:%d/health" % (host, API_PORT), stdin=HEALTH).strip()
+    return node(client, "python3", "-", url + "/health", stdin=HEALTH).strip()
 
 
-def completion(client=WORKER, host=FABRIC[HEAD]):
-    """(ok, text or error) for one completion through http://host:8000/v1/completions."""
-    url = "http://%s:%d/v1/completions" % (host, API_PORT)
+def completion(client=WORKER, url=API_URL):
+    """(ok, text or error) for one completion through the head's /v1/completions."""
+    url += "/v1/completions"
     try:
         res = json.loads(node(client, "python3", "-", url, MODEL_NAME, stdin=COMPLETION, timeout=60).strip())
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:

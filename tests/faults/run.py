@@ -634,7 +634,7 @@ def case_check_mode_summary(suite):
         before = lab.snapshots()
         res = lab.deploy("--check", "--diff", timeout=300)
         changed = lab.diff(before, lab.snapshots())
-        live = "endpoint: http://%s:%d/v1" % (lab.FABRIC[lab.HEAD], lab.API_PORT)
+        live = "endpoint: %s/v1" % lab.API_URL
         said = [ln.strip() for ln in res.lines if "endpoint:" in ln or "completion:" in ln or "probe:" in ln]
         ok = res.rc == 0 and any(live in ln for ln in said) and any("probe: passed" in ln for ln in said)
         return ok and not changed, "exit %s in %ss; summary: %s; state %s" % (
