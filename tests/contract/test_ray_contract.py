@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import subprocess
 
 import pytest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _nccl_env, _ray
@@ -100,6 +101,89 @@ def test_the_wait_query_reads_a_real_ray_cluster(in_image_json):
     later = (at + datetime.timedelta(seconds=(node_ms - got["before_ms"]) / 1000 + 1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     done, summary = _ray.compare(state, [{"host": "spark-1", "ip": "127.0.0.1", "started_at": later}], 1)
     assert not done and summary["stale"] == [{"host": "spark-1", "ip": "127.0.0.1"}], summary
+
+
+# A head and a worker node in one container; the worker's raylet SIGKILLed (its container killed) and a new
+# worker started at the same address (the container started again), each node table read with the wait's own
+# query. Prints the tables with the time of the restart.
+RESTARTED_WORKER = r"""
+import json, os, signal, socket, subprocess, sys, time
+ray = os.path.join(os.path.dirname(sys.executable), "ray")
+def run(*argv):
+    return subprocess.run(list(argv), capture_output=True, text=True).returncode
+def table():
+    out = subprocess.run([sys.executable, "-c", sys.argv[1], "10"], capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+def raylets():
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            argv = open("/proc/%s/cmdline" % pid, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"/raylet"):
+            found.append(int(pid))
+    return sorted(found)
+ip = socket.gethostbyname(socket.gethostname())
+worker = [ray, "start", "--address=%s:6379" % ip, "--node-ip-address=" + ip, "--num-gpus=1", "--disable-usage-stats"]
+got = {"ip": ip, "head": run(ray, "start", "--head", "--node-ip-address=" + ip, "--port=6379", "--num-gpus=1",
+                             "--disable-usage-stats", "--include-dashboard=false")}
+head_raylet = raylets()
+got["worker"] = run(*worker)
+deadline = time.time() + 60
+while len([n for n in table()["nodes"] if n["Alive"]]) < 2 and time.time() < deadline:
+    time.sleep(0.2)
+for pid in set(raylets()) - set(head_raylet):
+    os.kill(pid, signal.SIGKILL)
+got["restart_ms"] = int(time.time() * 1000)
+got["right_after"] = table()
+got["again"] = run(*worker)
+got["tables"] = []
+while time.time() < deadline + 60:
+    doc = table()
+    got["tables"].append([int(time.time() * 1000), doc])
+    workers = [n for n in doc["nodes"] if "node:__internal_head__" not in n["Resources"]]
+    if [n["StartTimeMs"] >= got["restart_ms"] for n in workers if n["Alive"]] == [True] and len(workers) == 2:
+        break
+    time.sleep(0.5)
+run(ray, "stop", "--force")
+print(json.dumps(got))
+"""
+
+
+def test_a_restarted_workers_old_node_is_seen_as_stale_until_ray_drops_it(engine_image):
+    # Bridge networking: each node registers with the container's own address, as a Spark's with its fabric IP.
+    res = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint=python3", engine_image, "-c", RESTARTED_WORKER, _ray.RAY_QUERY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["head"] == 0 and got["worker"] == 0 and got["again"] == 0, got
+    at = datetime.datetime.fromtimestamp(got["restart_ms"] / 1000, datetime.UTC)
+    restarted = at.strftime("%Y-%m-%dT%H:%M:%S.") + "%03d000000Z" % (got["restart_ms"] % 1000)
+
+    def worker_state(doc):
+        workers = [n for n in doc["nodes"] if "node:__internal_head__" not in n["Resources"]]
+        return _ray.cluster_state({"nodes": workers})
+
+    plain = [{"host": "spark-2", "ip": got["ip"]}]
+    timed = [{"host": "spark-2", "ip": got["ip"], "started_at": restarted}]
+    # Right after the kill, Ray still lists the killed worker alive: by address alone the wait would be done.
+    first = worker_state(got["right_after"])
+    assert first["alive_nodes"] == 1 and first["alive"][0]["start_ms"] < got["restart_ms"], got["right_after"]
+    assert _ray.compare(first, plain, 1)[0]
+    done, summary = _ray.compare(first, timed, 1)
+    assert not done and summary["stale"] == [{"host": "spark-2", "ip": got["ip"]}], summary
+    # With its container's start time, the wait is done only once Ray dropped the old node and the new one
+    # registered: the last table read.
+    verdicts = [_ray.compare(worker_state(doc), timed, 1)[0] for _ms, doc in got["tables"]]
+    assert verdicts[-1] and not any(verdicts[:-1]), [(ms - got["restart_ms"], d) for (ms, d) in got["tables"]]
+    dropped_after_s = (got["tables"][-1][0] - got["restart_ms"]) / 1000
+    print("Ray listed the killed worker alive for about %.1f s after its restart" % dropped_after_s)
 
 
 def test_the_wait_query_names_a_missing_ray(in_image):
