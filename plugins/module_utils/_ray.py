@@ -218,11 +218,12 @@ def compare(state, expected_nodes, expected_gpus):
         return bool(node["start_ms"]) and node["start_ms"] < limits.get(node["ip"], 0)
 
     alive_ips = [n["ip"] for n in state["alive"]]
-    fresh_ips = [n["ip"] for n in state["alive"] if not stale(n)]
-    stale_nodes = [n for n in expected_nodes if any(a["ip"] == n["ip"] and stale(a) for a in state["alive"])]
+    fresh_ips = {n["ip"] for n in state["alive"] if not stale(n)}
+    stale_ips = {n["ip"] for n in state["alive"] if stale(n)}
+    stale_nodes = [n for n in expected_nodes if n["ip"] in stale_ips]
     # A node only seen from before its container's start is stale, not missing; once it is gone and the new
     # one has not registered yet, it is missing.
-    missing = [n for n in expected_nodes if n["ip"] not in fresh_ips and n not in stale_nodes]
+    missing = [n for n in expected_nodes if n["ip"] not in fresh_ips | stale_ips]
     expected_ips = {n["ip"] for n in expected_nodes}
     unexpected = sorted({ip for ip in alive_ips if ip not in expected_ips})
     duplicated = sorted({ip for ip in alive_ips if alive_ips.count(ip) > 1})

@@ -78,6 +78,12 @@ print(json.dumps({"version": ray_pkg.__version__, "before_ms": before_ms,
 """
 
 
+def docker_time(ms):
+    """Milliseconds since the epoch written as Docker writes State.StartedAt (RFC 3339, UTC, nanoseconds)."""
+    at = datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + "%03d000000Z" % (ms % 1000)
+
+
 def test_the_wait_query_reads_a_real_ray_cluster(in_image_json):
     # As the module asks while it watches: the expected IPs, GPUs and each node's earliest start ({} here).
     got = in_image_json(LIVE_QUERY, _ray.RAY_QUERY, "30", "10", json.dumps(["127.0.0.1"]), "1.0", "{}", timeout=300)
@@ -93,12 +99,11 @@ def test_the_wait_query_reads_a_real_ray_cluster(in_image_json):
     # a node restarted at `before` is fresh; one whose container started after the raylet is stale.
     node_ms = state["alive"][0]["start_ms"]
     assert got["before_ms"] <= node_ms <= got["before_ms"] + 120000
-    at = datetime.datetime.fromtimestamp(got["before_ms"] / 1000, datetime.UTC)
-    started = at.strftime("%Y-%m-%dT%H:%M:%S.") + "%03d000000Z" % (got["before_ms"] % 1000)
+    started = docker_time(got["before_ms"])
     assert _ray.docker_time_ms(started) == got["before_ms"]
     done, summary = _ray.compare(state, [{"host": "spark-1", "ip": "127.0.0.1", "started_at": started}], 1)
     assert done and summary["stale"] == [], summary
-    later = (at + datetime.timedelta(seconds=(node_ms - got["before_ms"]) / 1000 + 1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    later = docker_time(node_ms + 1000)
     done, summary = _ray.compare(state, [{"host": "spark-1", "ip": "127.0.0.1", "started_at": later}], 1)
     assert not done and summary["stale"] == [{"host": "spark-1", "ip": "127.0.0.1"}], summary
 
@@ -163,8 +168,7 @@ def test_a_restarted_workers_old_node_is_seen_as_stale_until_ray_drops_it(engine
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["head"] == 0 and got["worker"] == 0 and got["again"] == 0, got
-    at = datetime.datetime.fromtimestamp(got["restart_ms"] / 1000, datetime.UTC)
-    restarted = at.strftime("%Y-%m-%dT%H:%M:%S.") + "%03d000000Z" % (got["restart_ms"] % 1000)
+    restarted = docker_time(got["restart_ms"])
 
     def worker_state(doc):
         workers = [n for n in doc["nodes"] if "node:__internal_head__" not in n["Resources"]]
