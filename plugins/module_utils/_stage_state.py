@@ -18,7 +18,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import HAS_DOCKER, DockerException, connect
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
+    DOCKER_COMMON_ARGS,
+    HAS_DOCKER,
+    DockerException,
+    connect,
+    find_container,
+)
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import image_id
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._model import manifest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import C_LOCALE, IpRoute
@@ -199,6 +205,27 @@ class LiveState:
         except DockerException as exc:
             return None, ["the Docker engine at %s failed to answer (%s)" % (spec["docker_host"], exc)]
         return ids, ["image %s is missing" % ref for ref, found in ids.items() if found is None]
+
+    def check_containers(self, spec):
+        """The containers a cluster stage left: each in `running` the same container (ID and last start)
+        and running; none of those in `absent` there at all. The engine is the modules' default unless named."""
+        engine = spec.get("docker_host") or DOCKER_COMMON_ARGS["docker_host"]["default"]
+        client, why = self.docker(engine)
+        if why:
+            return None, [why]
+        seen, problems = {}, []
+        try:
+            for name in spec.get("running", []):
+                container = find_container(client, name)
+                if container is None or container.status != "running":
+                    problems.append("container %s is %s" % (name, "missing" if container is None else container.status))
+                    continue
+                seen[name] = "%s@%s" % (container.id, container.attrs["State"]["StartedAt"])
+            there = [name for name in spec.get("absent", []) if find_container(client, name)]
+            problems += ["container %s is there" % name for name in there]
+        except DockerException as exc:
+            return None, ["the Docker engine at %s failed to answer (%s)" % (engine, exc)]
+        return seen, problems
 
     def check_model(self, spec):
         if not os.path.isdir(spec["path"]):

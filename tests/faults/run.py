@@ -178,8 +178,10 @@ def case_interrupted(suite, fresh):
 
 def case_worker_unreachable(suite):
     def body():
+        # The Ray stage has work to do (a converged one is not run again): the worker's Ray container is
+        # stopped. Every node stage is done (or found converged): cut the worker off as the Ray stage starts.
+        lab.node(lab.WORKER, "docker", "stop", "ray-worker")
         before = lab.snapshots()
-        # Every node stage is done (or found converged): cut the worker off as the Ray stage starts.
         res = deploy_with_worker_cut_off("ray_cluster")
         return fails_naming(res, lab.WORKER, "ray_cluster", FAIL_BOUND, before)
 

@@ -205,3 +205,48 @@ def test_check_passes_every_stage_whose_checks_pass(monkeypatch, node):
     given[0]["checks"]["directories"].append(str(node["tmp"] / "gone"))
     failed, result = run_module(monkeypatch, stage_state, dict(operation="check", stages=given))
     assert not failed and verdicts(result) == [("dirs", False)]
+
+
+def ray_stage(running=("ray-head",), absent=("vllm-mp",)):
+    spec = dict(running=list(running), absent=list(absent))
+    return [dict(name="ray_cluster", inputs="c1", checks=dict(containers=spec))]
+
+
+def start_container(node, name, started):
+    """A container made the way the engine does (the recorded ray-head inspect), started at `started`."""
+    container = node["client"].containers.create(name=name)
+    container.start()
+    container.attrs["State"]["StartedAt"] = started
+    return container
+
+
+def test_the_same_running_container_is_converged(monkeypatch, node):
+    start_container(node, "ray-head", "2026-12-02T13:00:00.1Z")
+    failed, result = record(monkeypatch, node, given=ray_stage())
+    assert not failed and result["changed"] is True
+    saved = json.loads(node["record"].read_text())["stages"]["ray_cluster"]["fingerprint"]["containers"]
+    assert saved == {"ray-head": "new0001@2026-12-02T13:00:00.1Z"}
+    assert verdicts(probe(monkeypatch, node, ray_stage())) == [("ray_cluster", True)]
+
+
+def test_a_container_docker_restarted_or_someone_recreated_runs_the_stage(monkeypatch, node):
+    head = start_container(node, "ray-head", "2026-12-02T13:00:00.1Z")
+    record(monkeypatch, node, given=ray_stage())
+    head.attrs["State"]["StartedAt"] = "2026-12-02T13:05:00.2Z"
+    result = probe(monkeypatch, node, ray_stage())
+    assert result["stages"][0]["reasons"] == ["changed since the last successful run: containers"]
+    node["client"].containers.items.pop("ray-head")
+    start_container(node, "ray-head", "2026-12-02T13:00:00.1Z")
+    assert probe(monkeypatch, node, ray_stage())["stages"][0]["converged"] is False
+
+
+def test_a_stopped_container_or_one_of_the_other_backend_runs_the_stage(monkeypatch, node):
+    head = start_container(node, "ray-head", "2026-12-02T13:00:00.1Z")
+    record(monkeypatch, node, given=ray_stage())
+    head.attrs["State"]["Status"] = "exited"
+    assert probe(monkeypatch, node, ray_stage())["stages"][0]["reasons"][0] == "container ray-head is exited"
+    head.attrs["State"]["Status"] = "running"
+    start_container(node, "vllm-mp", "2026-12-02T13:06:00.0Z")
+    assert probe(monkeypatch, node, ray_stage())["stages"][0]["reasons"] == ["container vllm-mp is there"]
+    node["client"].containers.items.pop("ray-head")
+    assert "container ray-head is missing" in probe(monkeypatch, node, ray_stage())["stages"][0]["reasons"]
