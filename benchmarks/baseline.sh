@@ -19,6 +19,7 @@
 #   PROMPT MAX_TOKENS                         vllm_server_smoke_prompt, vllm_server_smoke_max_tokens
 #   EXTRA_ARGS                                vllm_server_extra_args, one argument per line
 #   GPUS_PER_NODE SHM                         cluster_gpus_per_node, ray_cluster_shm_size
+#   CACHE_DIR CACHE_ENV                       ray_cluster_cache_dir; its variables (NAME=subdirectory per line)
 #   PLACEMENT                                 the role's placement strategy (VLLM_DISTRIBUTED_EXECUTOR_CONFIG)
 #
 #   HEAD=198.18.30.11 WORKER=198.18.30.12 HEAD_IP=198.18.130.11 WORKER_IP=198.18.130.12 \
@@ -79,6 +80,11 @@ serve_argv() {
 # shared memory, the fabric environment, the model read-only (the entrypoint: `ray`, or `vllm` for mp).
 flags="--network host --ipc host --init --restart unless-stopped --shm-size $SHM --env-file $ENV_FILE \
   -v $MODEL:$MODEL:ro"
+# The engine's compile caches kept on the node (ray_cluster_cache_dir), one directory per variable.
+if [ -n "${CACHE_DIR:-}" ]; then
+  flags+=" -v $CACHE_DIR:$CACHE_DIR"
+  while IFS='=' read -r name sub; do [ -n "$name" ] && flags+=" -e $name=$CACHE_DIR/$sub"; done <<<"${CACHE_ENV:-}"
+fi
 
 if [ "$BACKEND" = mp ]; then
   # One rank per node, the worker first (its rank waits for the head's), as the collection starts them.

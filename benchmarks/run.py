@@ -539,6 +539,7 @@ PROFILE_KEYS = dict(
     mp_port="vllm_server_mp_port",
     gpus="cluster_gpus_per_node",
     shm="ray_cluster_shm_size",
+    cache_dir="ray_cluster_cache_dir",
 )
 PROFILE = {}
 
@@ -596,8 +597,16 @@ def baseline_env():
         GPUS_PER_NODE=str(p["gpus"]),
         SHM=str(p["shm"]),
         MP_PORT=str(p["mp_port"]),
+        CACHE_DIR=p["cache_dir"] or "",
+        CACHE_ENV="\n".join("%s=%s" % item for item in cache_env().items()),
     )
     return e
+
+
+def cache_env():
+    """The engine's compile-cache variables and their subdirectories, from the ray_cluster role's vars."""
+    with open(os.path.join(TREE["root"], "roles", "ray_cluster", "vars", "main.yml"), encoding="utf-8") as handle:
+        return yaml.safe_load(handle)["_ray_cluster_cache_env"]
 
 
 def task(run, name, host):
