@@ -9,8 +9,8 @@ short_description: A digest of a deploy stage's settings and of its role's tasks
 description:
   - Returns the SHA-256 of every variable whose name starts with the stage's prefix (C(fabric_) for C(fabric))
     or with C(cluster_) (the settings every stage shares, role C(dgx_spark.vllm.cluster)), templated, of the
-    text of the role's C(tasks/*.yml), of this collection's version and of O(extra); the deploy's stage
-    record (M(dgx_spark.vllm.stage_state)) compares it with the digest of the last successful run.
+    text of the role's C(tasks/*.yml) and C(vars/*.yml), of this collection's version and of O(extra); the
+    deploy's stage record (M(dgx_spark.vllm.stage_state)) compares it with the digest of the last successful run.
   - Variables ending in C(_token) are left out, so a new token does not make a stage run.
   - Run it inside the role (C(role_path) and the role's defaults must be in scope).
 version_added: 0.1.0
@@ -83,9 +83,12 @@ class LookupModule(LookupBase):
         names = sorted(name for name in variables if name.startswith(prefixes) and not name.endswith("_token"))
         settings = {name: self._templar.template(variables[name]) for name in names}
         tasks = []
-        for path in sorted(glob.glob(os.path.join(self._templar.template(role_path), "tasks", "*.yml"))):
+        root = self._templar.template(role_path)
+        # The role's tasks and its fixed vars (the engine's cache variables, the serve arguments).
+        files = glob.glob(os.path.join(root, "tasks", "*.yml")) + glob.glob(os.path.join(root, "vars", "*.yml"))
+        for path in sorted(files):
             with open(path, "rb") as handle:
-                tasks.append([os.path.basename(path), hashlib.sha256(handle.read()).hexdigest()])
+                tasks.append([os.path.relpath(path, root), hashlib.sha256(handle.read()).hexdigest()])
         blob = json.dumps(
             dict(settings=settings, tasks=tasks, collection=collection_version(), extra=self.get_option("extra")),
             sort_keys=True,

@@ -37,7 +37,8 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._ping import HEADER
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._ssh import unreachable
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text
 
-RECORD_VERSION = 1
+# 2: each stage's record carries the node's time it was made (at).
+RECORD_VERSION = 2
 # GPU fields that stay put while a node serves (clocks, memory use and pstate move).
 GPU_STABLE_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version", "persistence_mode")
 
@@ -244,6 +245,9 @@ def probe(module, path, stages):
         readings = list(pool.map(lambda stage: live.read(stage.get("checks") or {}), stages))
     out = []
     first_run = len(stages)
+    # The newest record of an earlier stage: a stage recorded before it (a run with --tags of that
+    # stage alone) did not run on what that stage left, and runs again.
+    newest, newest_name = 0, None
     for index, stage in enumerate(stages):
         name = stage["name"]
         record = recorded.get(name)
@@ -253,6 +257,8 @@ def probe(module, path, stages):
             reasons = ["no record of a successful run"]
         elif record.get("inputs") != stage["inputs"]:
             reasons = ["its settings changed since the last successful run"]
+        elif record.get("at", 0) < newest:
+            reasons = ["an earlier stage (%s) ran after its last successful run" % newest_name]
         else:
             fingerprint, reasons = readings[index]
             reasons = list(reasons)
@@ -262,6 +268,8 @@ def probe(module, path, stages):
                 if fingerprint.get(key) != record.get("fingerprint", {}).get(key)
             )
             reasons += ["changed since the last successful run: %s" % ", ".join(changed)] if changed else []
+        if record and record.get("at", 0) > newest:
+            newest, newest_name = record["at"], name
         converged = not reasons
         if not converged and first_run == len(stages):
             first_run = index
@@ -292,13 +300,17 @@ def record(module, path, stages):
     updated = dict(current)
     live = LiveState(module)
     done, skipped = [], {}
+    # This node's clock; only this node's records are compared with it (probe).
+    at = round(time.time(), 3)
     for stage in stages:
         fingerprint, problems = live.read(stage.get("checks") or {})
         if problems:
             skipped[stage["name"]] = problems
             updated.pop(stage["name"], None)
             continue
-        updated[stage["name"]] = dict(inputs=stage["inputs"], fingerprint=fingerprint, facts=stage.get("facts") or {})
+        updated[stage["name"]] = dict(
+            inputs=stage["inputs"], fingerprint=fingerprint, facts=stage.get("facts") or {}, at=at
+        )
         done.append(stage["name"])
     return done, skipped, updated != current, dump_record(updated)
 

@@ -421,6 +421,13 @@ actions:
   returned: always
   type: list
   elements: str
+ray_gpus_alive:
+  description:
+    - GPUs Ray listed alive when the watchdog was about to restart a failed engine (backend ray): one read of
+      the GCS node table. Fewer than tensor x pipeline parallel size fails, naming them, instead of starting an
+      engine that waits for a GPU Ray does not have.
+  returned: before a watchdog restart over Ray
+  type: float
 """
 
 import contextlib
@@ -437,6 +444,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils import (
     _layout,
     _memory_fit,
     _probe,
+    _ray,
     _vllm_args,
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
@@ -575,12 +583,15 @@ class VllmServe:
             self.module.exit_json(**self.result)
         self.result["changed"] = True
         self.result["actions"].append("restarted" if current["alive"] else "started")
+        watchdog = bool(probe) or bool(same and state.get("pid"))
         if probe:
             self.watchdog("the probe failed at %s: %s" % (probe["step"], probe["why"]))
         elif same and state.get("pid"):
             self.watchdog("the vllm serve process (pid %s) died" % state["pid"])
         if self.module.check_mode:
             self.module.exit_json(**self.result)
+        if watchdog:
+            self.check_ray_gpus_alive()
         if current["alive"]:
             self.stop(state["pid"])
         elif state.get("pid"):
@@ -592,6 +603,28 @@ class VllmServe:
         self.wait_health()
         self.verify()
         self.module.exit_json(**self.result)
+
+    def check_ray_gpus_alive(self):
+        """Before the watchdog restarts the engine: one read of Ray's node table. A deploy that found the
+        ray_cluster stage converged did not ask Ray; a Ray node can be gone while its container runs (a hung
+        raylet), and a restart would wait for GPUs that do not come."""
+        need = self.p["tensor_parallel_size"] * self.p["pipeline_parallel_size"]
+        code, out = self.exec_py(_ray.RAY_QUERY, 10)
+        doc = _ray.parse_query_output(out) if code == 0 else None
+        if doc is None:
+            self.fail(
+                "Not restarting vllm serve: the Ray head in %s did not answer a node query (exit %s): %s"
+                % (self.p["container"], code, _last_lines(out, 5))
+            )
+        found = _ray.cluster_state(doc)
+        self.result["ray_gpus_alive"] = found["gpus"]
+        if found["gpus"] < need:
+            self.fail(
+                "Not restarting vllm serve: Ray has %g GPU(s) alive (nodes %s; dead: %s), and tensor_parallel_size x "
+                "pipeline_parallel_size needs %d. A Ray node is gone although its container still runs: run the "
+                "deploy with --tags ray_cluster, whose wait names the node, with its log."
+                % (found["gpus"], sorted(n["ip"] for n in found["alive"]) or "none", found["dead_ips"] or "none", need)
+            )
 
     def check_input(self):
         errors = []

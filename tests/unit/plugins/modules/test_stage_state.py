@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 
 import pytest
 from _fabric_fakes import FakeHost, recorded
@@ -92,8 +93,26 @@ def test_recorded_state_is_converged_and_returns_the_facts(monkeypatch, node):
     assert result["stages"][1]["facts"] == {"fabric_ip": "198.18.100.11"}
     assert set(result["seconds"]) >= {"interfaces", "ping", "images", "files", "directories"}
 
-    failed, again = record(monkeypatch, node, facts={"fabric": {"fabric_ip": "198.18.100.11"}})
-    assert not failed and again["changed"] is False
+    # Recorded again, the stages carry the new run's time (the one thing that changed).
+    first = saved["fabric"]["at"]
+    failed, _again = record(monkeypatch, node, facts={"fabric": {"fabric_ip": "198.18.100.11"}})
+    resaved = json.loads(node["record"].read_text())["stages"]
+    assert not failed and resaved["fabric"]["at"] > first
+    assert {k: v for k, v in resaved["fabric"].items() if k != "at"} == {
+        k: v for k, v in saved["fabric"].items() if k != "at"
+    }
+    assert probe(monkeypatch, node)["first_run"] == 3
+
+
+def test_a_stage_recorded_alone_after_the_later_ones_runs_them_again(monkeypatch, node):
+    """--tags fabric alone, after a full run: what the later stages were recorded on is older than it."""
+    record(monkeypatch, node)
+    time.sleep(0.01)
+    record(monkeypatch, node, given=stages(node)[1:2])
+    result = probe(monkeypatch, node)
+    assert verdicts(result) == [("preflight", True), ("fabric", True), ("runtime_image", False)]
+    assert result["stages"][2]["reasons"] == ["an earlier stage (fabric) ran after its last successful run"]
+    assert result["first_run"] == 2
 
 
 def test_mtu_drift_runs_the_fabric_stage_and_every_later_one(monkeypatch, node):

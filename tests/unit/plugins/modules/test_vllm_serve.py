@@ -10,7 +10,7 @@ import types
 from urllib.error import HTTPError
 
 import pytest
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _docker, _vllm_args, _wait
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _docker, _ray, _vllm_args, _wait
 from ansible_collections.dgx_spark.vllm.plugins.modules import vllm_serve
 from docker.errors import APIError, ContainerError
 from fake_docker import FakeClient, FakeContainer, FakeExecResult, inspect, use_client
@@ -56,6 +56,9 @@ class Head:
         self.asks = 0
         self.die_on_start = False
         self.log = b"INFO loading model\n"
+        # Ray's node table as the real query printed it (tests/unit/fixtures/ray), and how often read.
+        self.ray_nodes = ray_fixture("nodes_two_alive.json")
+        self.ray_queries = 0
 
     def handle(self, cmd, **kwargs):
         if cmd[0] == "tail":
@@ -76,7 +79,15 @@ class Head:
         if script == _vllm_args.INSTALLED_FLAGS_SCRIPT:
             self.asks += 1
             return FakeExecResult(*self.ask_result)
+        if script == _ray.RAY_QUERY:
+            self.ray_queries += 1
+            return FakeExecResult(0, (json.dumps(self.ray_nodes) + "\n").encode())
         raise AssertionError("unexpected exec %r" % cmd[:3])
+
+
+def ray_fixture(name):
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "ray", name)) as handle:
+        return json.load(handle)
 
 
 # What the real engine answered (tests/unit/fixtures/vllm_api/README.md).
@@ -937,3 +948,26 @@ def test_the_memory_check_defers_when_the_hub_cannot_be_asked(monkeypatch, env, 
         in (res["memory_fit"]["check"])
     )
     assert asked == [("Qwen/Qwen3.5-122B-A10B-FP8", None, None)]
+
+
+def test_a_restart_is_refused_naming_the_gpus_when_a_ray_node_is_gone(monkeypatch, env):
+    """The engine died and Ray lists the worker dead although nothing restarted its container: the watchdog
+    does not start an engine that would wait for a GPU Ray does not have."""
+    head, _api = env
+    a = args()
+    assert not run_module(monkeypatch, vllm_serve, a)[0]
+    assert head.ray_queries == 0  # a first start follows the ray_cluster stage's own wait
+    head.alive = False
+    head.ray_nodes = ray_fixture("nodes_worker_dead.json")
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert failed and head.ray_queries == 1 and len(head.launches) == 1
+    assert "Ray has 1 GPU(s) alive" in res["msg"] and "needs 2" in res["msg"] and "--tags ray_cluster" in res["msg"]
+
+
+def test_a_restart_with_every_ray_gpu_alive_goes_ahead(monkeypatch, env):
+    head, _api = env
+    a = args()
+    assert not run_module(monkeypatch, vllm_serve, a)[0]
+    head.alive = False
+    failed, res = run_module(monkeypatch, vllm_serve, a)
+    assert not failed and head.ray_queries == 1 and res["ray_gpus_alive"] == 2 and len(head.launches) == 2
