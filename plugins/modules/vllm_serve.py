@@ -423,8 +423,8 @@ actions:
   elements: str
 ray_gpus_alive:
   description:
-    - GPUs Ray listed alive when the watchdog was about to restart a failed engine (backend ray): one read of
-      the GCS node table. Fewer than tensor x pipeline parallel size fails, naming them, instead of starting an
+    - GPUs Ray listed alive when the watchdog was about to restart a failed engine (backend ray), from one read
+      of the GCS node table. Fewer than tensor x pipeline parallel size fails, naming them, instead of starting an
       engine that waits for a GPU Ray does not have.
   returned: before a watchdog restart over Ray
   type: float
