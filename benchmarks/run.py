@@ -449,6 +449,10 @@ def engine_phases(started, follower, engine, *, poller=None, ended=None, joined=
 
 
 # ---------------------------------------------------------------- running things
+# The longest a measured playbook may run (a cold deploy that streams the image to the worker: minutes).
+PLAYBOOK_TIMEOUT = 1800
+
+
 def env():
     out = dict(os.environ)
     out.update(
@@ -468,17 +472,23 @@ def playbook(path, *args, label=""):
         e["BENCH_TIMER_OUT"] = os.path.join(tmp, "timer.json")
         e["BENCH_SSH_LOG"] = os.path.join(tmp, "ssh.log")
         argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", INVENTORY, os.path.join(TREE["root"], path), *args]
+        samplers = []
+
+        def sample(proc):
+            samplers.append(MemorySampler(proc.pid))
+            samplers[0].start()
+
+        # The suites' runner (labkit.run); the timing callback, the SSH count and the sampler measure it.
         start = time.time()
-        proc = subprocess.Popen(argv, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        sampler = MemorySampler(proc.pid)
-        sampler.start()
-        output = proc.communicate()[0]
+        res = labkit.run(argv, PLAYBOOK_TIMEOUT, env=e, on_start=sample)
         wall = time.time() - start
+        sampler = samplers[0]
         sampler.done.set()
         sampler.join()
-        if proc.returncode != 0:
-            log("%s %s failed (rc %s):\n%s" % (path, label, proc.returncode, output[-4000:]))
-            raise RunFailed("%s %s: rc %s: %s" % (path, label, proc.returncode, output[-4000:]))
+        if res.rc != 0 or res.timed_out:
+            why = "timed out after %s s" % PLAYBOOK_TIMEOUT if res.timed_out else "rc %s" % res.rc
+            log("%s %s failed (%s):\n%s" % (path, label, why, res.out[-4000:]))
+            raise RunFailed("%s %s: %s: %s" % (path, label, why, res.out[-4000:]))
         with open(e["BENCH_TIMER_OUT"], encoding="utf-8") as handle:
             timer = json.load(handle)
         ssh_calls = 0
@@ -504,10 +514,10 @@ def ansible_ping():
     """The floor of any Ansible run against these nodes: `ansible spark -m ansible.builtin.ping`, wall time."""
     argv = [os.path.join(VENV_BIN, "ansible"), "-i", INVENTORY, "spark", "-m", "ansible.builtin.ping"]
     start = time.time()
-    res = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, check=False)
+    res = labkit.run(argv, 120, env=env())
     wall = time.time() - start
-    if res.returncode != 0:
-        raise RunFailed("ansible -m ping: rc %s: %s" % (res.returncode, (res.stdout + res.stderr)[-2000:]))
+    if res.rc != 0:
+        raise RunFailed("ansible -m ping: rc %s: %s" % (res.rc, res.out[-2000:]))
     return dict(wall=round(wall, 2))
 
 

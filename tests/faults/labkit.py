@@ -111,9 +111,10 @@ RUNS = {"made": 0, "last": None}
 TAIL_LINES = 25
 
 
-def run(argv, timeout, on_line=None, env=None):
+def run(argv, timeout, on_line=None, env=None, on_start=None):
     """Run argv in its own process group, at most `timeout` seconds; `on_line(line, proc)` sees each output line
-    and may return a string to kill the whole group at that point (the string is recorded as killed_at)."""
+    and may return a string to kill the whole group at that point (the string is recorded as killed_at).
+    `on_start(proc)` is called once the process runs (the benchmarks' memory sampler)."""
     started = time.monotonic()
     proc = subprocess.Popen(
         argv,
@@ -124,6 +125,8 @@ def run(argv, timeout, on_line=None, env=None):
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
+    if on_start:
+        on_start(proc)
     out, buf, killed_at, timed_out = [], b"", None, False
     fd = proc.stdout.fileno()
     while True:
