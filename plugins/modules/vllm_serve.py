@@ -583,14 +583,16 @@ class VllmServe:
             self.module.exit_json(**self.result)
         self.result["changed"] = True
         self.result["actions"].append("restarted" if current["alive"] else "started")
-        watchdog = bool(probe) or bool(same and state.get("pid"))
+        failed = None
         if probe:
-            self.watchdog("the probe failed at %s: %s" % (probe["step"], probe["why"]))
+            failed = "the probe failed at %s: %s" % (probe["step"], probe["why"])
         elif same and state.get("pid"):
-            self.watchdog("the vllm serve process (pid %s) died" % state["pid"])
+            failed = "the vllm serve process (pid %s) died" % state["pid"]
+        if failed:
+            self.watchdog(failed)
         if self.module.check_mode:
             self.module.exit_json(**self.result)
-        if watchdog:
+        if failed:
             self.check_ray_gpus_alive()
         if current["alive"]:
             self.stop(state["pid"])
