@@ -190,6 +190,15 @@ def test_a_restarted_workers_old_node_is_seen_as_stale_until_ray_drops_it(engine
     print("Ray listed the killed worker alive for about %.1f s after its restart" % dropped_after_s)
 
 
+def test_the_one_read_before_a_watchdog_restart_counts_the_alive_gpus(in_image_json):
+    # As vllm_serve asks before it restarts a failed engine over Ray (check_ray_gpus_alive): one read, no watch.
+    got = in_image_json(LIVE_QUERY, _ray.RAY_QUERY, "10", timeout=300)
+    assert got["start"] == 0, got["start_err"]
+    assert got["rc"] == 0, got["err"]
+    state = _ray.cluster_state(_ray.parse_query_output(got["out"]))
+    assert state["gpus"] == 1.0 and [n["ip"] for n in state["alive"]] == ["127.0.0.1"]
+
+
 def test_the_wait_query_names_a_missing_ray(in_image):
     # Without a running Ray, the query fails with Ray's own message, which the wait reports as its last error.
     rc, _out, err = in_image(_ray.RAY_QUERY, "10")
