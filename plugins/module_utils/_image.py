@@ -37,6 +37,14 @@ for name in ("vllm", "transformers", "ray"):
         out[name] = {"version": getattr(mod, "__version__", None), "error": None}
     except Exception as exc:
         out[name] = {"version": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+if out["ray"]["error"] is None:
+    # Ray's own test of ray[default] (what `ray start` asks before it starts the agents minimal).
+    try:
+        from ray._private.utils import get_dashboard_dependency_error
+        missing = get_dashboard_dependency_error()
+        out["ray_agent_error"] = None if missing is None else "%s: %s" % (type(missing).__name__, missing)
+    except Exception as exc:
+        out["ray_agent_error"] = "%s: %s" % (type(exc).__name__, exc)
 out["archs"] = None
 if out["vllm"]["error"] is None:
     try:
@@ -212,8 +220,9 @@ def pip_conflicts(lines):
     return sorted(bad, key=lambda line: not line.lower().startswith("vllm "))
 
 
-def evaluate(result, architectures, require_ray=True):
-    """Verification facts and the causes that block promotion (Ray only where the cluster runs on it)."""
+def evaluate(result, architectures, require_ray=True, require_ray_agent=False):
+    """Verification facts and the causes that block promotion (Ray only where the cluster runs on it; Ray's
+    metrics agent, ray[default], only where every node's Ray metrics are asked for)."""
     causes = []
     conflicts = pip_conflicts(result["pip_check"]["lines"]) if result["pip_check"]["rc"] else []
     if result["pip_check"]["rc"] and not conflicts:
@@ -228,6 +237,13 @@ def evaluate(result, architectures, require_ray=True):
         causes.append(
             "import ray failed: %s (the Ray cluster runs inside this image: add Ray with a build or graft that "
             "pip-installs ray, or serve with vllm_server_backend mp, which needs no Ray)" % ray["error"]
+        )
+    agent_error = result.get("ray_agent_error")
+    if require_ray_agent and not ray["error"] and agent_error:
+        causes.append(
+            "Ray %s here is plain ray, without the metrics agent that ray_cluster_metrics_export_port asks for "
+            "(%s): install ray[default] (the vllm-ray build: RAY_PACKAGE: ray[default] in runtime_image_build.args), "
+            "or unset ray_cluster_metrics_export_port" % (ray["version"], agent_error)
         )
     archs = result.get("archs")
     if result.get("archs_error"):
@@ -254,6 +270,7 @@ def evaluate(result, architectures, require_ray=True):
         "vllm_version": result["vllm"]["version"],
         "transformers_version": result["transformers"]["version"],
         "ray_version": ray["version"],
+        "ray_agent": None if "ray_agent_error" not in result else not agent_error,
         "architectures": list(architectures or []),
         "architecture_supported": supported,
         "closest_architectures": closest,

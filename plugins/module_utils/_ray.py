@@ -5,20 +5,23 @@
 Every `ray start` flag emitted here was checked against Ray's own CLI
 (python/ray/scripts/scripts.py, `start` command, Ray 2.60):
 
-| flag                          | scripts.py `start` option                          |
-| ----------------------------- | -------------------------------------------------- |
-| --head                        | is_flag                                            |
-| --address=HOST:PORT           | type=str, "the address to use for Ray" (workers)   |
-| --port=N                      | type=int, port of the head's GCS                   |
-| --node-ip-address=IP          | type=str, "the IP address of this node"            |
-| --num-gpus=N                  | type=int (a declaration; no device is needed)      |
-| --num-cpus=N                  | type=int                                           |
-| --include-dashboard=BOOL      | type=bool, default None                            |
-| --dashboard-host=H            | default localhost                                  |
-| --dashboard-port=N            | type=int                                           |
-| --metrics-export-port=N       | type=int, the metrics agent's Prometheus port      |
-| --disable-usage-stats         | is_flag                                            |
-| --block                       | is_flag; the container lives as long as Ray does   |
+| flag                            | scripts.py `start` option                        |
+| ------------------------------- | ------------------------------------------------ |
+| --head                          | is_flag                                          |
+| --address=HOST:PORT             | type=str, "the address to use for Ray" (workers) |
+| --port=N                        | type=int, port of the head's GCS                 |
+| --node-ip-address=IP            | type=str, "the IP address of this node"          |
+| --num-gpus=N                    | type=int (a declaration; no device is needed)    |
+| --num-cpus=N                    | type=int                                         |
+| --include-dashboard=BOOL        | type=bool, default None                          |
+| --dashboard-host=H              | default localhost                                |
+| --dashboard-port=N              | type=int                                         |
+| --metrics-export-port=N         | type=int, the metrics agent's Prometheus port    |
+| --dashboard-agent-listen-port=N | type=int, the agent's HTTP port (ray[default])   |
+| --dashboard-agent-grpc-port=N   | type=int, the agent's gRPC port (ray[default])   |
+| --runtime-env-agent-port=N      | type=int, the runtime env agent's HTTP port      |
+| --disable-usage-stats           | is_flag                                          |
+| --block                         | is_flag; the container lives as long as Ray does |
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ READY_MARK = "Ray runtime started"
 # A worker's `ray start --address` logs these while the head's GCS does not answer yet (it keeps
 # retrying: 20 tries of about 40 s each in Ray 2.60).
 GCS_UNREACHABLE_MARKS = ("Failed to connect to GCS", "Failed to get cluster ID from GCS")
+# Options pinning the ports of Ray's per-node agents (ray[default] starts them; Ray picks when unset), each
+# passed as the `ray start` flag of the same name: known ports are ports a firewall can name.
+AGENT_PORTS = ("dashboard_agent_listen_port", "dashboard_agent_grpc_port", "runtime_env_agent_port")
 
 
 def check_params(p):
@@ -54,7 +60,7 @@ def check_params(p):
             errors.append("head_address: required for a worker; pass the head's fabric IP (optionally IP:PORT)")
         elif port and not port.isdigit():
             errors.append("head_address: %r has a port that is not a number; use HOST or HOST:PORT" % head)
-    for key in ("ray_port", "dashboard_port", "metrics_export_port"):
+    for key in ("ray_port", "dashboard_port", "metrics_export_port", *AGENT_PORTS):
         if p.get(key) is not None and not 0 < p[key] < 65536:
             errors.append("%s: %s is not a TCP port; use 1..65535 (Ray's default is 6379)" % (key, p[key]))
     for key in ("declared_gpus", "num_cpus"):
@@ -91,6 +97,9 @@ def ray_start_argv(p):
         argv.append("--num-cpus=%d" % p["num_cpus"])
     if p.get("metrics_export_port") is not None:
         argv.append("--metrics-export-port=%d" % p["metrics_export_port"])
+    for key in AGENT_PORTS:
+        if p.get(key) is not None:
+            argv.append("--%s=%d" % (key.replace("_", "-"), p[key]))
     if p["role"] == "head":
         if p["include_dashboard"]:
             argv += [

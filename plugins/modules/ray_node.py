@@ -70,6 +70,21 @@ options:
       - Port of this node's Ray metrics agent, which serves Prometheus metrics (C(--metrics-export-port)).
         Ray picks a free port when omitted. The agent serves them only when the image has C(ray[default]).
     type: int
+  dashboard_agent_listen_port:
+    description:
+      - HTTP port of this node's Ray dashboard agent (C(--dashboard-agent-listen-port)); it listens on the node's
+        address and loopback. Ray's default (52365) when omitted. Only C(ray[default]) starts the agent.
+    type: int
+  dashboard_agent_grpc_port:
+    description:
+      - gRPC port of this node's Ray dashboard agent (C(--dashboard-agent-grpc-port)); it listens on every
+        address. Ray picks a free port when omitted. Only C(ray[default]) starts the agent.
+    type: int
+  runtime_env_agent_port:
+    description:
+      - HTTP port of this node's Ray runtime environment agent (C(--runtime-env-agent-port)), on the node's
+        address. Ray picks a free port when omitted.
+    type: int
   include_dashboard:
     description: Start the Ray dashboard on the head (off by default).
     type: bool
@@ -331,6 +346,9 @@ def main():
         declared_gpus=dict(type="int"),
         num_cpus=dict(type="int"),
         metrics_export_port=dict(type="int"),
+        dashboard_agent_listen_port=dict(type="int"),
+        dashboard_agent_grpc_port=dict(type="int"),
+        runtime_env_agent_port=dict(type="int"),
         include_dashboard=dict(type="bool", default=False),
         dashboard_host=dict(type="str", default="127.0.0.1"),
         dashboard_port=dict(type="int", default=8265),

@@ -141,6 +141,12 @@ options:
         without it.
     type: bool
     default: true
+  require_ray_agent:
+    description:
+      - Refuse an image whose Ray is plain C(ray), without the metrics agent of C(ray[default]) (Ray's own test,
+        C(ray._private.utils.get_dashboard_dependency_error)). Set where every node's Ray metrics are scraped.
+    type: bool
+    default: false
   verified_record:
     description:
       - A JSON file on this node that remembers passed verifications, keyed by a hash of the image ID,
@@ -437,13 +443,17 @@ class ImageManager:
         checks = [image.id, self.config_text, self.archs, self.p["python"], VERIFY_SCRIPT]
         if not self.p["require_ray"]:
             checks.append("no ray")  # a record made without the Ray check does not pass an image that needs Ray
+        if self.p["require_ray_agent"]:
+            checks.append("ray agent")  # likewise for the metrics agent
         key = canonical_hash(checks)
         records = self.read_records()
         if key in records:
             self.result["verification"] = dict(records[key], recorded=True)
             return []
         output = run_verification(self.client, image.id, self.p["python"], self.config_text, self.p["verify_timeout"])
-        facts, causes = evaluate(parse_verification(output), self.archs, self.p["require_ray"])
+        facts, causes = evaluate(
+            parse_verification(output), self.archs, self.p["require_ray"], self.p["require_ray_agent"]
+        )
         config = image.attrs.get("Config") or {}
         facts.update(passed=not causes, causes=causes, entrypoint=config.get("Entrypoint"), cmd=config.get("Cmd"))
         self.result["verification"] = dict(facts, recorded=False)
@@ -595,6 +605,7 @@ def main():
         copy_timeout=dict(type="int", default=1800),
         verified_record=dict(type="path"),
         require_ray=dict(type="bool", default=True),
+        require_ray_agent=dict(type="bool", default=False),
         peers=dict(
             type="list",
             elements="dict",

@@ -17,23 +17,29 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _image():
+def _image(name):
     tag = subprocess.run(
-        ["sh", os.path.join(ROOT, "lab", "images", "build.sh"), "--hash", "runtime-donor"],
+        ["sh", os.path.join(ROOT, "lab", "images", "build.sh"), "--hash", name],
         check=True,
         capture_output=True,
         text=True,
     ).stdout.strip()
-    return "dgx-spark-lab/runtime-donor:" + tag
+    image = "dgx-spark-lab/%s:%s" % (name, tag)
+    found = subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        pytest.fail("the lab's image %s is not on this Docker engine; run `make contract`" % image)
+    return image
 
 
 @pytest.fixture(scope="session")
 def engine_image():
-    image = _image()
-    found = subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True, check=False)
-    if found.returncode != 0:
-        pytest.fail("the lab's real-engine image %s is not on this Docker engine; run `make contract`" % image)
-    return image
+    return _image("runtime-donor")
+
+
+@pytest.fixture(scope="session")
+def plain_ray_image():
+    """The lab's old-engine image: real plain ray 2.60 from PyPI, without ray[default]."""
+    return _image("runtime-old")
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,9 @@ BASE = dict(
     head_address="198.18.100.11",
 )
 
+# The lab's pinned agent ports (inventories/lab/group_vars/spark/monitoring.yml).
+AGENT_PORTS = dict(dashboard_agent_listen_port=52365, dashboard_agent_grpc_port=52366, runtime_env_agent_port=52367)
+
 # Click parses every option before it runs the eager --help: an option Ray does not have fails with
 # "No such option" (exit 2) before help is printed.
 CLICK_PARSE = r"""
@@ -37,7 +40,7 @@ print(json.dumps(runs))
 
 def _argvs():
     head = dict(BASE, role="head")
-    head_dash = dict(head, include_dashboard=True, num_cpus=2, metrics_export_port=8080)
+    head_dash = dict(head, include_dashboard=True, num_cpus=2, metrics_export_port=8080, **AGENT_PORTS)
     worker = dict(BASE, role="worker", node_ip="198.18.100.12", declared_gpus=1)
     return [_ray.ray_start_argv(p)[2:] for p in (head, head_dash, worker)]
 
@@ -45,6 +48,11 @@ def _argvs():
 def test_every_ray_start_flag_parses_in_real_ray(in_image_json):
     argvs = _argvs()
     assert [a for argv in argvs for a in argv if a.startswith("--metrics-export")] == ["--metrics-export-port=8080"]
+    assert [a for argv in argvs for a in argv if "agent" in a] == [
+        "--dashboard-agent-listen-port=52365",
+        "--dashboard-agent-grpc-port=52366",
+        "--runtime-env-agent-port=52367",
+    ]
     runs = in_image_json(CLICK_PARSE, json.dumps(argvs))
     for run in runs:
         assert run["exit"] == 0, "ray start refused %s: %s" % (run["argv"], run["out"])
@@ -156,17 +164,23 @@ print(json.dumps(got))
 """
 
 
-def test_a_restarted_workers_old_node_is_seen_as_stale_until_ray_drops_it(engine_image):
-    # Bridge networking: each node registers with the container's own address, as a Spark's with its fabric IP.
+def bridged_json(image, script, *args):
+    """Run a script in a container of the image on Docker's bridge network (its own address, as a Spark's fabric
+    IP); return the JSON document of its last line."""
     res = subprocess.run(
-        ["docker", "run", "--rm", "--entrypoint=python3", engine_image, "-c", RESTARTED_WORKER, _ray.RAY_QUERY],
+        ["docker", "run", "--rm", "--entrypoint=python3", image, "-c", script, *args],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_a_restarted_workers_old_node_is_seen_as_stale_until_ray_drops_it(engine_image):
+    # Bridge networking: each node registers with the container's own address, as a Spark's with its fabric IP.
+    got = bridged_json(engine_image, RESTARTED_WORKER, _ray.RAY_QUERY)
     assert got["head"] == 0 and got["worker"] == 0 and got["again"] == 0, got
     restarted = docker_time(got["restart_ms"])
 
@@ -228,3 +242,45 @@ def test_ray_config_variables_exist_in_real_ray(in_image_json, variable):
     # RAY_<name> overrides the raylet's compiled-in config entry <name> (ray_config_def.h).
     found = in_image_json(RAY_CONFIG, variable[len("RAY_") :])
     assert found[variable[len("RAY_") :]], "%s: Ray %s has no config entry of that name" % (variable, "2.60.0")
+
+
+# A head started with the collection's own `ray start` line (ray_start_argv, without --block) at the container's
+# address, as a Spark's at its fabric IP; then what listens (/proc/net/tcp) and the metrics agent's Prometheus
+# text at --metrics-export-port, read until the node's own metrics are in it.
+METRICS_AGENT = r"""
+import json, os, socket, subprocess, sys, time, urllib.request
+ip = socket.gethostbyname(socket.gethostname())
+argv = [a.replace("NODE_IP", ip) for a in json.loads(sys.argv[1]) if a != "--block"]
+argv[0] = os.path.join(os.path.dirname(sys.executable), "ray")
+started = subprocess.run(argv, capture_output=True, text=True)
+def listening():
+    found = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(name).read().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A":
+                addr, port = f[1].split(":")
+                found.append([addr, int(port, 16)])
+    return found
+body, deadline = "", time.time() + 90
+while "ray_node_" not in body and time.time() < deadline:
+    try:
+        body = urllib.request.urlopen("http://%s:%s/metrics" % (ip, sys.argv[2]), timeout=5).read().decode()
+    except OSError:
+        time.sleep(1)
+got = {"start": started.returncode, "err": started.stderr[-1500:], "ip": ip, "listening": listening(),
+       "metrics": sorted({l.split("{")[0].split(" ")[0] for l in body.splitlines() if l.startswith("ray_")})}
+subprocess.run([argv[0], "stop", "--force"], capture_output=True)
+print(json.dumps(got))
+"""
+
+
+def test_the_metrics_agent_serves_every_nodes_ray_metrics_on_the_pinned_ports(engine_image):
+    head = dict(BASE, role="head", node_ip="NODE_IP", metrics_export_port=8080, **AGENT_PORTS)
+    got = bridged_json(engine_image, METRICS_AGENT, json.dumps(_ray.ray_start_argv(head)), "8080")
+    assert got["start"] == 0, got["err"]
+    # Only ray[default]'s agent serves these: plain ray has no metrics agent (the monitoring role's `ray` job).
+    assert {"ray_node_cpu_utilization", "ray_node_mem_used"} <= set(got["metrics"]), got["metrics"]
+    ports = {port for _addr, port in got["listening"]}
+    assert {8080, *AGENT_PORTS.values()} <= ports, got["listening"]
+    assert 8265 not in ports, "the dashboard listens with --include-dashboard=false: %s" % got["listening"]

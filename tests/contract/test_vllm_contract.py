@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 
 import pytest
 import yaml
@@ -142,10 +143,31 @@ def test_the_verification_script_on_the_real_engine(in_image):
     config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}
     rc, out, err = in_image(_image.VERIFY_SCRIPT, env={"VLLM_IMAGE_MODEL_CONFIG": json.dumps(config)}, timeout=300)
     assert rc == 0, err[-2000:]
-    facts, causes = _image.evaluate(_image.parse_verification(out), config["architectures"])
+    # The lab's image has ray[default] (every node's Ray metrics): Ray's own test finds its agent's packages.
+    facts, causes = _image.evaluate(_image.parse_verification(out), config["architectures"], require_ray_agent=True)
     assert causes == []
+    assert facts["ray_agent"] is True
     assert facts["architecture_supported"] and facts["vllm_version"] == "0.32.0"
     assert facts["ray_version"] == "2.60.0" and facts["autoconfig_class"] == "Qwen3_5MoeConfig"
+
+
+def test_the_verification_tells_plain_ray_from_ray_default(plain_ray_image):
+    # Real plain ray (the lab's old-engine image): Ray's own test misses its agent's packages, so an image for
+    # every node's Ray metrics is refused, naming the variable and the fix.
+    argv = ["docker", "run", "--rm", "--network=none", "--entrypoint=python3", plain_ray_image]
+    res = subprocess.run(
+        [*argv, "-c", _image.VERIFY_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    result = _image.parse_verification(res.stdout)
+    assert result["ray"]["version"] == "2.60.0" and result["ray_agent_error"], result
+    facts, causes = _image.evaluate(result, [], require_ray_agent=True)
+    assert facts["ray_agent"] is False
+    assert [c for c in causes if "ray_cluster_metrics_export_port" in c], causes
 
 
 BENCH_HELP = r"""

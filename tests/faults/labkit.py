@@ -74,6 +74,9 @@ def read_inventory(path):
         model_path=head_vars["model_path"],
         model_name=head_vars["vllm_server_served_model_name"],
         api_port=int(head_vars["vllm_server_port"]),
+        # The Ray agents' ports the lab pins (inventories/lab/group_vars/spark/monitoring.yml).
+        ray_metrics_port=head_vars.get("ray_cluster_metrics_export_port"),
+        ray_agent_ports=head_vars.get("ray_cluster_agent_ports") or {},
         api_url=api_url(head_vars),
         lab_name=lab_name,
     )
@@ -90,6 +93,8 @@ HEAD_RAIL = _LAB["head_rail"]
 MODEL_PATH = _LAB["model_path"]
 MODEL_NAME = _LAB["model_name"]
 API_PORT = _LAB["api_port"]
+RAY_METRICS_PORT = _LAB["ray_metrics_port"]
+RAY_AGENT_PORTS = _LAB["ray_agent_ports"]
 # The head's API as the collection's api_url filter gives it (http://FABRIC_IP:PORT).
 API_URL = _LAB["api_url"]
 IN_SERVICE = "dgx-spark/vllm-runtime:in-service"

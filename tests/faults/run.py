@@ -728,8 +728,48 @@ print(json.dumps(rows))
 
 
 WILDCARD = ("0.0.0.0", "*", "[::]")  # noqa: S104 - addresses looked for, not bound
-# ray/autoscaler/_private/constants.py, Ray 2.60
+LOOPBACK = ("127.0.0.1", "[::1]", "[::ffff:127.0.0.1]")
+# ray/autoscaler/_private/constants.py and ray/dashboard/consts.py, Ray 2.60
 RAY_AUTOSCALER_METRIC_PORT = 44217
+RAY_DASHBOARD_METRIC_PORT = 44227
+RAY_DASHBOARD_PORT = 8265
+# ray[default]'s per-node agents as ss names them (process titles cut to 15 characters).
+RAY_AGENTS = ("ray::DashboardA", "ray::RuntimeEnv")
+
+
+def listener_problems(host, rows, fabric_ip, head):
+    """What a node listens on that the collection's defaults do not account for."""
+    problems = []
+    agent_ports = {lab.RAY_METRICS_PORT} | set(lab.RAY_AGENT_PORTS.values())
+    # Where each of the agents' ports may listen: the metrics agent and the agent's gRPC server bind every
+    # address in Ray 2.60 (dashboard/agent.py; no option narrows them), the rest the node's address.
+    wildcard_agent_ports = {lab.RAY_METRICS_PORT, lab.RAY_AGENT_PORTS.get("dashboard_agent_grpc_port")}
+    for addr, port, proc in rows:
+        where = "%s %s on %s:%s" % (host, proc or "?", addr, port)
+        if port == lab.API_PORT and addr != fabric_ip:
+            problems.append("%s: API off the fabric address" % where)
+        if "dashboard" in proc or port == RAY_DASHBOARD_PORT:
+            problems.append("%s: dashboard listening" % where)
+        if proc in RAY_AGENTS:
+            if port not in agent_ports:
+                problems.append("%s: a Ray agent port the inventory does not pin" % where)
+            elif addr in WILDCARD and port not in wildcard_agent_ports:
+                problems.append("%s: a Ray agent port on every address" % where)
+            elif addr not in WILDCARD + LOOPBACK + (fabric_ip,):
+                problems.append("%s: a Ray agent port off the fabric address" % where)
+            continue
+        # Ray 2.60's core gRPC servers (GCS, raylet, each worker's and the driver's) listen on every
+        # interface and have no option to narrow it (ray-project/ray#59852 later binds them to the node
+        # IP); anything else on a wildcard address is a finding. vLLM's Ray driver is its engine core
+        # process (ss shows its title cut to 15 characters).
+        ray_core = proc in ("gcs_server", "raylet", "vllm", "VLLM::EngineCor") or proc.startswith("ray::")
+        # On the head, Ray's autoscaler monitor and the dashboard process (which --include-dashboard=false
+        # leaves running without its UI) serve Prometheus metrics on every interface whenever prometheus_client
+        # is importable (vLLM requires it), with no option to narrow them: read-only metrics, named here.
+        ray_metrics = host == head and port in (RAY_AUTOSCALER_METRIC_PORT, RAY_DASHBOARD_METRIC_PORT)
+        if addr in WILDCARD and port != 22 and not ray_core and not ray_metrics:
+            problems.append("%s: on every address" % where)
+    return problems
 
 
 def case_security(suite):
@@ -741,22 +781,9 @@ def case_security(suite):
                 if c["privileged"]:
                     problems.append("%s %s privileged" % (h, name))
             rows = json.loads(lab.node(h, "python3", "-", stdin=LISTENERS))
-            for addr, port, proc in rows:
-                if port == lab.API_PORT and addr != lab.FABRIC[h]:
-                    problems.append("%s API on %s:%s" % (h, addr, port))
-                if "dashboard" in proc or port in (8265, 52365):
-                    problems.append("%s dashboard listening (%s %s:%s)" % (h, proc, addr, port))
-                # Ray 2.60's core gRPC servers (GCS, raylet, each worker's and the driver's) listen on every
-                # interface and have no option to narrow it (ray-project/ray#59852 later binds them to the node
-                # IP); anything else on a wildcard address is a finding. vLLM's Ray driver is its engine core
-                # process (ss shows its title cut to 15 characters).
-                ray_core = proc in ("gcs_server", "raylet", "vllm", "VLLM::EngineCor") or proc.startswith("ray::")
-                # Ray's autoscaler monitor on the head serves its Prometheus metrics on every interface at
-                # AUTOSCALER_METRIC_PORT whenever prometheus_client is importable (vLLM requires it), with no
-                # option to narrow it (autoscaler/_private/monitor.py): read-only metrics, named here.
-                ray_metrics = h == lab.HEAD and port == RAY_AUTOSCALER_METRIC_PORT
-                if addr in WILDCARD and port != 22 and not ray_core and not ray_metrics:
-                    problems.append("%s %s on %s:%s" % (h, proc, addr, port))
+            problems += listener_problems(h, rows, lab.FABRIC[h], lab.HEAD)
+            agents = sorted({port for _a, port, p in rows if p in RAY_AGENTS})
+            notes.append("%s Ray agent ports: %s" % (h, ",".join(map(str, agents)) or "none"))
             wild = sorted({p for a, _port, p in rows if a in WILDCARD and p not in ("sshd", "")})
             notes.append("%s wildcard: %s" % (h, ",".join(wild) or "none"))
             api = [a for a, port, _p in rows if port == lab.API_PORT]

@@ -140,6 +140,24 @@ def test_image_without_ray_passes_for_the_mp_backend():
     assert causes == [] and facts["ray_version"] is None
 
 
+def test_plain_ray_is_refused_where_every_nodes_ray_metrics_are_asked_for():
+    result = recorded("verify-runtime-donor.txt")
+    result["ray_agent_error"] = "ModuleNotFoundError: No module named 'aiohttp_cors'"
+    facts, causes = _image.evaluate(result, [ARCH], require_ray_agent=True)
+    assert len(causes) == 1 and "ray_cluster_metrics_export_port" in causes[0]
+    assert "RAY_PACKAGE: ray[default]" in causes[0] and "aiohttp_cors" in causes[0]
+    assert facts["ray_agent"] is False
+    # Without the metrics asked for, plain ray passes.
+    assert _image.evaluate(result, [ARCH])[1] == []
+
+
+def test_ray_default_passes_where_every_nodes_ray_metrics_are_asked_for():
+    result = recorded("verify-runtime-donor.txt")
+    result["ray_agent_error"] = None
+    facts, causes = _image.evaluate(result, [ARCH], require_ray_agent=True)
+    assert causes == [] and facts["ray_agent"] is True
+
+
 def test_pip_conflicts_put_vllm_first():
     lines = [
         "foo 1.0 has requirement bar<2, but you have bar 2.1.",

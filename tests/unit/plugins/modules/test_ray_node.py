@@ -181,6 +181,17 @@ def test_fixed_metrics_port_is_a_new_container_unset_is_not(monkeypatch, client)
     assert "--metrics-export-port=8080" in res["command"] and res["actions"] == ["recreated"]
 
 
+def test_pinned_agent_ports_are_the_ray_start_flags_of_their_names(monkeypatch, client):
+    ports = dict(dashboard_agent_listen_port=52365, dashboard_agent_grpc_port=52366, runtime_env_agent_port=52367)
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, metrics_export_port=8080, **ports))
+    assert not failed, res
+    assert [a for a in res["command"] if "agent" in a] == [
+        "--dashboard-agent-listen-port=52365",
+        "--dashboard-agent-grpc-port=52366",
+        "--runtime-env-agent-port=52367",
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
@@ -189,6 +200,7 @@ def test_fixed_metrics_port_is_a_new_container_unset_is_not(monkeypatch, client)
         (dict(rdma_devices=["infiniband"]), "rdma_devices"),
         (dict(declared_gpus=-1), "declared_gpus"),
         (dict(metrics_export_port=0), "metrics_export_port"),
+        (dict(dashboard_agent_grpc_port=70000), "dashboard_agent_grpc_port"),
         (dict(image="missing:1"), "runtime_image"),
     ],
 )
