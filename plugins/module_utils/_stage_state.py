@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -37,6 +38,8 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._ping import HEADER
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._ssh import unreachable
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text
 
+# Seconds a service of check `listening` has to accept a connection (a local or same-switch address).
+LISTEN_TIMEOUT_S = 2
 # 2: each stage's record carries the node's time it was made (at).
 RECORD_VERSION = 2
 # GPU fields that stay put while a node serves (clocks, memory use and pstate move).
@@ -227,6 +230,19 @@ class LiveState:
         except DockerException as exc:
             return None, ["the Docker engine at %s failed to answer (%s)" % (engine, exc)]
         return seen, problems
+
+    def check_listening(self, services):
+        """Services a stage started: each answers a TCP connection at its address and port now."""
+        problems = []
+        for item in services:
+            try:
+                socket.create_connection((item["address"], int(item["port"])), timeout=LISTEN_TIMEOUT_S).close()
+            except OSError as exc:
+                problems.append(
+                    "%s does not answer at %s:%s (%s)"
+                    % (item["name"], item["address"], item["port"], exc.strerror or exc)
+                )
+        return None, problems
 
     def check_model(self, spec):
         if not os.path.isdir(spec["path"]):

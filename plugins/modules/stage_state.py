@@ -67,6 +67,8 @@ options:
             matches) are fingerprinted.
           - C(ping) (C(mtu), C(rails) of C(interface) and C(peers), C(count), C(timeout)) sends don't-fragment pings
             of the full MTU; a lost one fails the check.
+          - C(listening) (C(name), C(address), C(port) of each service the stage started) connects to each; one that
+            does not accept a TCP connection fails the check.
         type: dict
         default: {}
 attributes:

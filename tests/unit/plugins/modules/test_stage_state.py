@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import time
 
@@ -269,3 +270,26 @@ def test_a_stopped_container_or_one_of_the_other_backend_runs_the_stage(monkeypa
     assert probe(monkeypatch, node, ray_stage())["stages"][0]["reasons"] == ["container vllm-mp is there"]
     node["client"].containers.items.pop("ray-head")
     assert "container ray-head is missing" in probe(monkeypatch, node, ray_stage())["stages"][0]["reasons"]
+
+
+def test_a_service_that_stops_answering_runs_its_stage(monkeypatch, tmp_path):
+    # A real listening socket on loopback, then the same port closed.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    given = [
+        dict(
+            name="monitoring",
+            inputs="",
+            checks=dict(listening=[dict(name="node_exporter", address="127.0.0.1", port=port)]),
+        )
+    ]
+    args = dict(operation="check", path=str(tmp_path / "stages.json"), stages=given)
+    failed, result = run_module(monkeypatch, stage_state, args)
+    assert not failed and verdicts(result) == [("monitoring", True)]
+    server.close()
+    failed, result = run_module(monkeypatch, stage_state, args)
+    assert not failed and verdicts(result) == [("monitoring", False)]
+    (reason,) = result["stages"][0]["reasons"]
+    assert reason.startswith("node_exporter does not answer at 127.0.0.1:%d (" % port), reason
