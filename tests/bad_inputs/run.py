@@ -282,6 +282,23 @@ CASES = [
         "fabric_extra_env",
         "NCCL_IB_HCA",
     ),
+    # The monitoring stage's settings are checked in the deploy's first play, before any stage changes a node.
+    (
+        "deploy-monitoring-port",
+        "deploy",
+        "deploy",
+        {"monitoring_prometheus_port": 70000},
+        "monitoring_prometheus_port",
+        "TCP ports",
+    ),
+    (
+        "deploy-ray-agent-port-unknown",
+        "deploy",
+        "deploy",
+        {"ray_cluster_agent_ports": {"dashboard_port": 8265}},
+        "ray_cluster_agent_ports",
+        "dashboard_agent_grpc_port",
+    ),
     (
         "deploy-nccl-library-unknown",
         "deploy",
