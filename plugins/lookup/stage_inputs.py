@@ -9,8 +9,9 @@ short_description: A digest of a deploy stage's settings and of its role's tasks
 description:
   - Returns the SHA-256 of every variable whose name starts with the stage's prefix (C(fabric_) for C(fabric))
     or with C(cluster_) (the settings every stage shares, role C(dgx_spark.vllm.cluster)), templated, of the
-    text of the role's C(tasks/*.yml) and C(vars/*.yml), of this collection's version and of O(extra); the
-    deploy's stage record (M(dgx_spark.vllm.stage_state)) compares it with the digest of the last successful run.
+    text of the role's C(tasks/*.yml), C(vars/*.yml), C(templates/) and C(files/), of this collection's version
+    and of O(extra); the deploy's stage record (M(dgx_spark.vllm.stage_state)) compares it with the digest of
+    the last successful run.
   - Variables ending in C(_token) are left out, so a new token does not make a stage run.
   - Run it inside the role (C(role_path) and the role's defaults must be in scope).
 version_added: 0.1.0
@@ -84,8 +85,14 @@ class LookupModule(LookupBase):
         settings = {name: self._templar.template(variables[name]) for name in names}
         tasks = []
         root = self._templar.template(role_path)
-        # The role's tasks and its fixed vars (the engine's cache variables, the serve arguments).
-        files = glob.glob(os.path.join(root, "tasks", "*.yml")) + glob.glob(os.path.join(root, "vars", "*.yml"))
+        # The role's tasks, its fixed vars (the engine's cache variables, the serve arguments) and what it
+        # writes from (templates, files: a changed rule or config template must run the stage).
+        files = [
+            path
+            for pattern in ("tasks/*.yml", "vars/*.yml", "templates/**/*", "files/**/*")
+            for path in glob.glob(os.path.join(root, pattern), recursive=True)
+            if os.path.isfile(path)
+        ]
         for path in sorted(files):
             with open(path, "rb") as handle:
                 tasks.append([os.path.relpath(path, root), hashlib.sha256(handle.read()).hexdigest()])

@@ -268,6 +268,11 @@ verification:
     ray_version:
       description: C(ray.__version__) in the image (the Ray cluster runs inside it).
       type: str
+    ray_agent:
+      description:
+        - Whether the image's Ray is C(ray[default]), with the metrics agent (Ray's own
+          C(ray._private.utils.get_dashboard_dependency_error)); null without Ray or for an older recorded verification.
+      type: bool
     architectures:
       description: Architectures checked.
       type: list

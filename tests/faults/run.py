@@ -740,10 +740,17 @@ RAY_AGENTS = ("ray::DashboardA", "ray::RuntimeEnv")
 def listener_problems(host, rows, fabric_ip, head):
     """What a node listens on that the collection's defaults do not account for."""
     problems = []
-    agent_ports = {lab.RAY_METRICS_PORT} | set(lab.RAY_AGENT_PORTS.values())
-    # Where each of the agents' ports may listen: the metrics agent and the agent's gRPC server bind every
-    # address in Ray 2.60 (dashboard/agent.py; no option narrows them), the rest the node's address.
-    wildcard_agent_ports = {lab.RAY_METRICS_PORT, lab.RAY_AGENT_PORTS.get("dashboard_agent_grpc_port")}
+    # Where each of the agents' pinned ports may listen (Ray 2.60, dashboard/agent.py): the metrics agent and the
+    # agent's gRPC server on every address (no option narrows them), its HTTP server on the node's address and
+    # loopback, the runtime environment agent on the node's address.
+    ports = dict(lab.RAY_AGENT_PORTS, metrics_export_port=lab.RAY_METRICS_PORT)
+    allowed = {
+        ports.get("metrics_export_port"): WILDCARD,
+        ports.get("dashboard_agent_grpc_port"): WILDCARD,
+        ports.get("dashboard_agent_listen_port"): (fabric_ip, *LOOPBACK),
+        ports.get("runtime_env_agent_port"): (fabric_ip,),
+    }
+    allowed.pop(None, None)
     for addr, port, proc in rows:
         where = "%s %s on %s:%s" % (host, proc or "?", addr, port)
         if port == lab.API_PORT and addr != fabric_ip:
@@ -751,12 +758,10 @@ def listener_problems(host, rows, fabric_ip, head):
         if "dashboard" in proc or port == RAY_DASHBOARD_PORT:
             problems.append("%s: dashboard listening" % where)
         if proc in RAY_AGENTS:
-            if port not in agent_ports:
+            if port not in allowed:
                 problems.append("%s: a Ray agent port the inventory does not pin" % where)
-            elif addr in WILDCARD and port not in wildcard_agent_ports:
-                problems.append("%s: a Ray agent port on every address" % where)
-            elif addr not in WILDCARD + LOOPBACK + (fabric_ip,):
-                problems.append("%s: a Ray agent port off the fabric address" % where)
+            elif addr not in allowed[port]:
+                problems.append("%s: a Ray agent port on an address it should not bind" % where)
             continue
         # Ray 2.60's core gRPC servers (GCS, raylet, each worker's and the driver's) listen on every
         # interface and have no option to narrow it (ray-project/ray#59852 later binds them to the node

@@ -39,6 +39,19 @@ def test_the_stage_settings_the_tasks_and_extra_move_it(role):
     assert digest(role, fabric_mtu=9000) != base
 
 
+def test_the_roles_templates_and_files_move_it(role):
+    # What the role writes from: a changed rule or config template must run the stage.
+    (role / "templates").mkdir()
+    (role / "templates" / "rules.yml.j2").write_text("groups: []\n")
+    base = digest(role, fabric_mtu=9000)
+    (role / "templates" / "rules.yml.j2").write_text("groups: [x]\n")
+    edited = digest(role, fabric_mtu=9000)
+    assert edited != base
+    (role / "files" / "sub").mkdir(parents=True)
+    (role / "files" / "sub" / "Dockerfile").write_text("FROM a\n")
+    assert digest(role, fabric_mtu=9000) != edited
+
+
 def test_the_shared_cluster_settings_move_it(role):
     base = digest(role, fabric_mtu=9000, cluster_peer_user="root")
     assert digest(role, fabric_mtu=9000, cluster_peer_user="spark") != base

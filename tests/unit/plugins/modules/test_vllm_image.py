@@ -253,6 +253,21 @@ def test_verified_record_skips_a_passed_verification_of_the_same_image(monkeypat
     assert len(runs) == 2
 
 
+def test_a_verification_recorded_without_the_ray_agent_check_is_made_again_with_it(
+    monkeypatch, engine, model_dir, tmp_path
+):
+    engine.add("lab/donor:1", "sha256:donor", entrypoint=["/usr/local/bin/spark-vllm-entrypoint.sh"])
+    runs = []
+    monkeypatch.setattr(vllm_image, "run_verification", lambda *a: runs.append(a) or engine.verify_output)
+    args = {"pull": "lab/donor:1", "model_dir": model_dir, "peers": [], "verified_record": str(tmp_path / "v.json")}
+    failed, first = run_module(monkeypatch, vllm_image, args)
+    assert not failed and first["verification"]["passed"] and len(runs) == 1
+    failed, again = run_module(monkeypatch, vllm_image, dict(args, require_ray_agent=True))
+    assert not failed, again["msg"]
+    assert not again["verification"]["recorded"] and again["verification"]["ray_agent"] is True
+    assert len(runs) == 2
+
+
 def test_peer_engine_dies_mid_copy_names_the_peer(monkeypatch, engine, model_dir):
     engine.add("lab/donor:1", "sha256:donor")
     engine.ping = lambda: True
