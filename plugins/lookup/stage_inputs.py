@@ -83,7 +83,7 @@ class LookupModule(LookupBase):
         prefixes = (prefix, SHARED_PREFIX)
         names = sorted(name for name in variables if name.startswith(prefixes) and not name.endswith("_token"))
         settings = {name: self._templar.template(variables[name]) for name in names}
-        tasks = []
+        sources = []
         root = self._templar.template(role_path)
         # The role's tasks, its fixed vars (the engine's cache variables, the serve arguments) and what it
         # writes from (templates, files: a changed rule or config template must run the stage).
@@ -95,9 +95,9 @@ class LookupModule(LookupBase):
         ]
         for path in sorted(files):
             with open(path, "rb") as handle:
-                tasks.append([os.path.relpath(path, root), hashlib.sha256(handle.read()).hexdigest()])
+                sources.append([os.path.relpath(path, root), hashlib.sha256(handle.read()).hexdigest()])
         blob = json.dumps(
-            dict(settings=settings, tasks=tasks, collection=collection_version(), extra=self.get_option("extra")),
+            dict(settings=settings, tasks=sources, collection=collection_version(), extra=self.get_option("extra")),
             sort_keys=True,
             default=str,
         )

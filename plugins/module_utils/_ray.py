@@ -42,6 +42,8 @@ GCS_UNREACHABLE_MARKS = ("Failed to connect to GCS", "Failed to get cluster ID f
 # Options pinning the ports of Ray's per-node agents (ray[default] starts them; Ray picks when unset), each
 # passed as the `ray start` flag of the same name: known ports are ports a firewall can name.
 AGENT_PORTS = ("dashboard_agent_listen_port", "dashboard_agent_grpc_port", "runtime_env_agent_port")
+# Every fixed port passed as the `ray start` flag of its name, in command-line order.
+PORT_FLAGS = ("metrics_export_port", *AGENT_PORTS)
 
 
 def check_params(p):
@@ -60,7 +62,7 @@ def check_params(p):
             errors.append("head_address: required for a worker; pass the head's fabric IP (optionally IP:PORT)")
         elif port and not port.isdigit():
             errors.append("head_address: %r has a port that is not a number; use HOST or HOST:PORT" % head)
-    for key in ("ray_port", "dashboard_port", "metrics_export_port", *AGENT_PORTS):
+    for key in ("ray_port", "dashboard_port", *PORT_FLAGS):
         if p.get(key) is not None and not 0 < p[key] < 65536:
             errors.append("%s: %s is not a TCP port; use 1..65535 (Ray's default is 6379)" % (key, p[key]))
     for key in ("declared_gpus", "num_cpus"):
@@ -95,9 +97,7 @@ def ray_start_argv(p):
     argv += ["--node-ip-address=%s" % p["node_ip"], "--num-gpus=%d" % gpus]
     if p.get("num_cpus") is not None:
         argv.append("--num-cpus=%d" % p["num_cpus"])
-    if p.get("metrics_export_port") is not None:
-        argv.append("--metrics-export-port=%d" % p["metrics_export_port"])
-    for key in AGENT_PORTS:
+    for key in PORT_FLAGS:
         if p.get(key) is not None:
             argv.append("--%s=%d" % (key.replace("_", "-"), p[key]))
     if p["role"] == "head":
