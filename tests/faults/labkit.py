@@ -365,11 +365,6 @@ def engine_core(signal_name=None):
     return processes(HEAD, "ray-head", "VLLM::EngineCore", signal_name)
 
 
-def ray_workers():
-    """The engine's Ray actor processes on the worker (ray::RayWorkerProc...)."""
-    return processes(WORKER, "ray-worker", "ray::RayWorkerProc")
-
-
 HEALTH = r"""
 import sys, urllib.error, urllib.request
 try:

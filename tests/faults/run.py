@@ -1,6 +1,8 @@
 """Fault cases on the lab: each one either makes the deploy fail within its bound, naming the node
 and the stage, or is repaired by the next re-convergence (a real completion through the endpoint
 afterwards); model files and the in-service image are checked by hash and image ID before and after.
+A frozen engine core and an MTU drift, reported by drift and repaired by enforce, are Molecule's reconverge
+scenario (each fault is run once, where its checks are).
 
     .venv/bin/python tests/faults/run.py [--keep-lab] [--only NAME]
 
@@ -49,7 +51,7 @@ RESTART_HISTORY = "/var/lib/dgx-spark/vllm-restarts.json"
 
 def forget_restarts():
     """Each case starts with no watchdog restarts on record: the cases before it restarted the engine
-    (a killed Ray container, a frozen engine core) within the watchdog's window, and three of those are a
+    (a killed Ray container, a killed engine core) within the watchdog's window, and three of those are a
     crash loop (vllm_server_max_restarts) that a case of its own checks."""
     lab.node(lab.HEAD, "rm", "-f", RESTART_HISTORY)
 
@@ -274,73 +276,6 @@ def case_ray_killed(suite, case, host, container):
     )
 
 
-def probe_said(report):
-    probe = report["hosts"].get(lab.HEAD, {}).get("probe") or {}
-    if not probe:
-        return "no probe in the report"
-    return "probe ok" if probe.get("ok") else "probe failed at %s: %s" % (probe.get("step"), probe.get("why"))
-
-
-def case_engine_frozen(suite):
-    """The engine core stopped (SIGSTOP): the API server still answers /health 200, completions hang.
-    A drift run reports it and leaves it; an enforce run restarts the engine and nothing of it is left."""
-    seen = {}
-
-    def drift():
-        forget_restarts()
-        before = lab.snapshots()
-        if not serving()[0]:
-            return False, "not serving before the fault"
-        seen["actors"] = lab.ray_workers()
-        seen["core"] = lab.engine_core("STOP")
-        code = lab.health()
-        res = lab.reconverge(REPORTS, mode="drift", timeout=REPAIR_BOUND)
-        said = probe_said(lab.newest_report(REPORTS))
-        core = lab.engine_core()
-        changed = lab.diff(before, lab.snapshots())
-        ok = (
-            res.rc == 10
-            and code == "200"
-            and "no completion within" in said
-            and core == seen["core"]
-            and all(state == "T" for state in core.values())
-            and not changed
-        )
-        return ok, "froze engine core %s; /health %s; drift exit %s in %ss (%s); engine core after: %s; %s" % (
-            seen["core"],
-            code,
-            res.rc,
-            res.seconds,
-            said[:120],
-            core,
-            "state unchanged" if not changed else "CHANGED: %s" % ", ".join(changed[:5]),
-        )
-
-    suite.case("engine-frozen/drift", "drift exit 10 naming the hung completion; /health 200; left frozen", drift)
-
-    def enforce():
-        res = lab.reconverge(REPORTS, timeout=REPAIR_BOUND)
-        ok, text = serving()
-        core, actors = lab.engine_core(), lab.ray_workers()
-        old = sorted((set(core) & set(seen.get("core", {}))) | (set(actors) & set(seen.get("actors", {}))))
-        good = res.rc == 11 and ok and bool(actors) and not old
-        return good, "enforce exit %s in %ss; completion %s; engine core %s; Ray actors on %s %s; old left: %s" % (
-            res.rc,
-            res.seconds,
-            "ok" if ok else "FAILED (%s)" % text,
-            core,
-            lab.WORKER,
-            actors,
-            old or "none",
-        )
-
-    suite.case(
-        "engine-frozen/enforce",
-        "enforce restarts it <%ss: serves; no old engine core or Ray actor left" % REPAIR_BOUND,
-        enforce,
-    )
-
-
 def kill_engine_core():
     """SIGKILL the engine core: the API server lives on and answers /health 503."""
     core = lab.engine_core("KILL")
@@ -512,21 +447,6 @@ def case_node_restarted(suite):
         "reconverge restores serving <%ss; data intact" % REPAIR_BOUND,
         lambda: repaired_by_reconverge(inject),
     )
-
-
-def case_mtu(suite):
-    iface = "enp1s0f1np1"
-
-    def inject(_before):
-        lab.node(lab.WORKER, "ip", "link", "set", iface, "mtu", "1500")
-        return "%s %s mtu %s" % (lab.WORKER, iface, lab.snapshot(lab.WORKER)["interfaces"][iface]["mtu"])
-
-    def body():
-        ok, observed = repaired_by_reconverge(inject)
-        mtu = lab.snapshot(lab.WORKER)["interfaces"][iface]["mtu"]
-        return ok and mtu == 9000, observed + "; mtu after: %s" % mtu
-
-    suite.case("fabric-mtu-1500", "reconverge sets 9000 again and serves <%ss" % REPAIR_BOUND, body)
 
 
 def case_engine_stopped(suite):
@@ -962,11 +882,9 @@ def body(suite, args, fresh):
         ("joining", lambda: case_worker_ray_dies_while_joining(suite)),
         ("worker-ray", lambda: case_ray_killed(suite, "worker-ray-container-killed", lab.WORKER, "ray-worker")),
         ("head-ray", lambda: case_ray_killed(suite, "head-ray-container-killed", lab.HEAD, "ray-head")),
-        ("engine-frozen", lambda: case_engine_frozen(suite)),
         ("engine-core-killed", lambda: case_engine_core_killed(suite)),
         ("crash-loop", lambda: case_crash_loop(suite)),
         ("node-restart", lambda: case_node_restarted(suite)),
-        ("mtu", lambda: case_mtu(suite)),
         ("engine", lambda: case_engine_stopped(suite)),
         ("image-copy", lambda: case_engine_dies_during_copy(suite)),
         ("check-mode", lambda: case_check_mode_summary(suite)),
