@@ -337,27 +337,16 @@ except Exception as exc:
 """
 
 
-# {pid: state letter, or gone} of the processes whose command line starts with argv[1]; argv[2], a signal
-# name, is sent to them first.
-PROCESSES = r"""
-import os, signal, sys, time
-prefix = sys.argv[1].encode()
-pids = [p for p in os.listdir("/proc") if p.isdigit() and open("/proc/%s/cmdline" % p, "rb").read().startswith(prefix)]
-for pid in pids if len(sys.argv) > 2 else []:
-    os.kill(int(pid), getattr(signal, "SIG" + sys.argv[2]))
-time.sleep(0.5 if len(sys.argv) > 2 else 0)
-for pid in pids:
-    try:
-        print("%s:%s" % (pid, open("/proc/%s/stat" % pid).read().split(") ")[1][0]))
-    except OSError:
-        print("%s:gone" % pid)
-"""
+# Lists a container's processes by title (and signals them): the script, run in the container.
+PROCESSES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "processes.py")
 
 
 def processes(host, container, prefix, signal_name=None):
     """{pid: state} of a container's processes named `prefix` (after sending them `signal_name`)."""
     argv = ["docker", "exec", "-i", container, "python3", "-", prefix, *([signal_name] if signal_name else [])]
-    return dict(item.split(":") for item in node(host, *argv, stdin=PROCESSES).split())
+    with open(PROCESSES, encoding="utf-8") as handle:
+        out = node(host, *argv, stdin=handle.read())
+    return {pid: state for pid, _start, state in (item.split(":") for item in out.split())}
 
 
 def engine_core(signal_name=None):
