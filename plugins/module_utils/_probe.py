@@ -24,6 +24,16 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWa
 HEALTH_SETTLE_S = 4.0
 
 
+# The options of a module that probes an endpoint (vllm_probe, stage_state's endpoint).
+PROBE_ARGS = dict(
+    served_model_name=dict(type="str", required=True),
+    api_key=dict(type="str", no_log=True),
+    prompt=dict(type="str", default="The capital of France is"),
+    max_tokens=dict(type="int", default=16, no_log=False),
+    timeout=dict(type="int", default=60),
+)
+
+
 def request(open_url, base_url, api_key, method, path, *, body=None, timeout=30):
     """One JSON request to the endpoint (`open_url` is ansible.module_utils.urls.open_url): (code, bytes).
     The key goes in the Authorization header only."""
@@ -101,6 +111,38 @@ def probe(http, model, prompt, max_tokens, timeout, *, wait=wait_for, clock=time
     out["latency_s"] = round(clock() - asked, 2)
     out["tokens"] = (answer.get("usage") or {}).get("completion_tokens")
     return finish()
+
+
+def local_host(host):
+    """The address the node serving the API reaches it at: a wildcard bind through loopback."""
+    wildcard = ("0.0.0.0", "::", "")  # noqa: S104
+    return "127.0.0.1" if host in wildcard else host
+
+
+def local_url(host, port):
+    """http://HOST:PORT of the API as seen from the node serving it."""
+    host = local_host(host)
+    return "http://%s:%d" % ("[%s]" % host if ":" in host else host, int(port))
+
+
+def summary(base_url, model, found):
+    """What a deploy's summary shows of a server that passed its probe."""
+    return dict(
+        endpoint=base_url + "/v1",
+        model=model,
+        engine="%s %s" % (found["owned_by"] or "unknown engine", found["engine_version"] or "(no version)"),
+        completion=found["text"],
+    )
+
+
+def probe_url(open_url, base_url, params):
+    """The serving probe of the endpoint at `base_url` (http://HOST:PORT), over Ansible's open_url;
+    `params` holds the options of PROBE_ARGS."""
+
+    def http(method, path, body, limit):
+        return request(open_url, base_url, params["api_key"], method, path, body=body, timeout=limit)
+
+    return probe(http, params["served_model_name"], params["prompt"], params["max_tokens"], params["timeout"])
 
 
 def _describe(exc):

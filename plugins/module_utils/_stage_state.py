@@ -251,14 +251,21 @@ class LiveState:
         return digest, []
 
 
-def probe(module, path, stages):
-    """Each stage, in order: converged or not and why. Once one stage runs, the later ones run too."""
+def probe(module, path, stages, endpoint=None):
+    """Each stage, in order: converged or not and why. Once one stage runs, the later ones run too.
+
+    `endpoint` (stage name, ask): ask() returns the serving probe (module_utils/_probe.py) of the endpoint
+    that stage serves; one that fails makes the stage run. Returns (stages, first_run, seconds, served)."""
     recorded = load_record(path)
     live = LiveState(module)
-    # Every stage's live state at once (the pings and SSH attempts wait on the network); the chain
-    # below decides which readings count.
-    with ThreadPoolExecutor(max_workers=max(1, len(stages))) as pool:
+    # Every stage's live state at once (the pings, SSH attempts and the endpoint wait on the network); the
+    # chain below decides which readings count.
+    with ThreadPoolExecutor(max_workers=len(stages) + 1) as pool:
+        asked = pool.submit(endpoint[1]) if endpoint else None
         readings = list(pool.map(lambda stage: live.read(stage.get("checks") or {}), stages))
+        served = asked.result() if asked else None
+    if served is not None:
+        live.seconds["endpoint"] = served["seconds"]
     out = []
     first_run = len(stages)
     # The newest record of an earlier stage: a stage recorded before it (a run with --tags of that
@@ -284,6 +291,8 @@ def probe(module, path, stages):
                 if fingerprint.get(key) != record.get("fingerprint", {}).get(key)
             )
             reasons += ["changed since the last successful run: %s" % ", ".join(changed)] if changed else []
+            if served is not None and name == endpoint[0] and not served["ok"]:
+                reasons.append("the endpoint failed its probe at %s: %s" % (served["step"], served["why"]))
         if record and record.get("at", 0) > newest:
             newest, newest_name = record["at"], name
         converged = not reasons
@@ -297,7 +306,7 @@ def probe(module, path, stages):
                 facts=record.get("facts", {}) if converged and record else {},
             )
         )
-    return out, first_run, live.seconds
+    return out, first_run, live.seconds, served
 
 
 def check(module, stages):

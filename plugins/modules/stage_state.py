@@ -71,6 +71,45 @@ options:
             does not accept a TCP connection fails the check.
         type: dict
         default: {}
+  endpoint:
+    description:
+      - With O(operation=probe) on the node that serves the API, the serving probe (C(/health), C(/v1/models),
+        C(/version) and one bounded completion, as M(dgx_spark.vllm.vllm_serve) asks) runs alongside the live
+        checks; a probe that fails makes stage O(endpoint.stage) run, naming the failed step. The probe is returned
+        as RV(endpoint).
+    type: dict
+    suboptions:
+      stage:
+        description: The stage that serves this endpoint (its record alone does not show a failed engine).
+        type: str
+        required: true
+      host:
+        description: The address vllm serve binds; a wildcard is asked through loopback.
+        type: str
+        required: true
+      port:
+        description: The API port.
+        type: int
+        required: true
+      served_model_name:
+        description: The model name C(/v1/models) must list and the completion asks for.
+        type: str
+        required: true
+      api_key:
+        description: The API key, sent in the C(Authorization) header only.
+        type: str
+      prompt:
+        description: The completion's prompt.
+        type: str
+        default: The capital of France is
+      max_tokens:
+        description: The completion's token limit.
+        type: int
+        default: 16
+      timeout:
+        description: Seconds the whole probe may take, the completion included.
+        type: int
+        default: 60
 attributes:
   check_mode:
     support: full
@@ -135,6 +174,13 @@ seconds:
   returned: when O(operation=probe)
   type: dict
   sample: {"ping": 0.41, "images": 0.05}
+endpoint:
+  description:
+    - The serving probe of O(endpoint) (keys as M(dgx_spark.vllm.vllm_probe)'s C(probe)); when it passed, also
+      C(endpoint) (the API's C(/v1) URL as the node reaches it), C(model), C(engine) and C(completion).
+  returned: when O(operation=probe) and O(endpoint) is given
+  type: dict
+  sample: {"probe": {"ok": true, "step": null, "latency_s": 0.49, "seconds": 0.57}, "model": "qwen3.5-122b"}
 first_run:
   description: Index in O(stages) of the first stage that runs; the number of stages when none does (probe).
   returned: when O(operation=probe)
@@ -143,8 +189,16 @@ first_run:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _probe
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import CHECK_KEYS, check, probe, record
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import write_text
+
+
+def ask(served):
+    """The serving probe of the endpoint this node serves."""
+    base = _probe.local_url(served["host"], served["port"])
+    return _probe.probe_url(open_url, base, served)
 
 
 def main():
@@ -163,6 +217,15 @@ def main():
                     checks=dict(type="dict", default={}),
                 ),
             ),
+            endpoint=dict(
+                type="dict",
+                options=dict(
+                    stage=dict(type="str", required=True),
+                    host=dict(type="str", required=True),
+                    port=dict(type="int", required=True),
+                    **_probe.PROBE_ARGS,
+                ),
+            ),
         ),
         supports_check_mode=True,
     )
@@ -175,8 +238,17 @@ def main():
                 % (stage["name"], unknown, ", ".join(sorted(CHECK_KEYS)))
             )
     if module.params["operation"] == "probe":
-        found, first_run, seconds = probe(module, path, stages)
-        module.exit_json(changed=False, stages=found, first_run=first_run, seconds=seconds)
+        served = module.params["endpoint"]
+        found, first_run, seconds, answer = probe(
+            module, path, stages, endpoint=(served["stage"], lambda: ask(served)) if served else None
+        )
+        extra = {}
+        if answer is not None:
+            extra["endpoint"] = dict(probe=answer)
+            if answer["ok"]:
+                base = _probe.local_url(served["host"], served["port"])
+                extra["endpoint"].update(_probe.summary(base, served["served_model_name"], answer))
+        module.exit_json(changed=False, stages=found, first_run=first_run, seconds=seconds, **extra)
     if module.params["operation"] == "check":
         found = [
             dict(name=name, converged=not problems, reasons=problems, facts={})

@@ -76,11 +76,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             url=dict(type="str", required=True),
-            served_model_name=dict(type="str", required=True),
-            api_key=dict(type="str", no_log=True),
-            prompt=dict(type="str", default="The capital of France is"),
-            max_tokens=dict(type="int", default=8, no_log=False),
-            timeout=dict(type="int", default=60),
+            **dict(_probe.PROBE_ARGS, max_tokens=dict(type="int", default=8, no_log=False)),
             fail_on_failure=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
@@ -89,11 +85,7 @@ def main():
     if p["timeout"] < 1 or p["max_tokens"] < 1:
         module.fail_json(msg="timeout and max_tokens must be 1 or more (got %s, %s)" % (p["timeout"], p["max_tokens"]))
     base = p["url"].rstrip("/")
-
-    def http(method, path, body, timeout):
-        return _probe.request(open_url, base, p["api_key"], method, path, body=body, timeout=timeout)
-
-    found = _probe.probe(http, p["served_model_name"], p["prompt"], p["max_tokens"], p["timeout"])
+    found = _probe.probe_url(open_url, base, p)
     if p["fail_on_failure"] and not found["ok"]:
         module.fail_json(msg="The probe of %s failed at %s: %s" % (base, found["step"], found["why"]), probe=found)
     module.exit_json(changed=False, probe=found)

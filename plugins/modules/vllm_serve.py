@@ -180,6 +180,10 @@ options:
       - With O(backend=mp) on the head, the probe the plan step (O(state=checked)) of this same run returned.
         When it passed and the rank is left as it is, the started step reports it instead of probing again
         (one completion per run, not two).
+      - With O(backend=ray), the probe this same run made of the running server a moment ago (the deploy's
+        stage probe, M(dgx_spark.vllm.stage_state) with O(dgx_spark.vllm.stage_state#module:endpoint)); with the
+        same settings and the serve process alive it is taken as this module's own, so a server whose
+        completion hangs is not waited out twice.
     type: dict
   max_restarts:
     description: Watchdog restarts (failed probe or dead engine) allowed in O(restart_window); one more is a crash loop.
@@ -576,7 +580,11 @@ class VllmServe:
             self.module.exit_json(**self.result)
         self.result["diff"] = dict(before=before, after=dict(args_hash=digest, alive=True, command=argv))
         same = state.get("args_hash") == digest
-        probe = self.probe() if same and current["alive"] else None
+        probe = None
+        if same and current["alive"]:
+            # The deploy's stage probe asked this same server a moment ago: its failure is not waited out twice.
+            probe = self.p["probed"] if self.p["probed"] else self.probe()
+            self.result["probe"] = probe
         if probe and probe["ok"]:
             self.result["pid"] = state["pid"]
             self.report(probe)
@@ -820,7 +828,7 @@ class VllmServe:
 
     def check_port_free(self):
         try:
-            sock = socket.create_connection((self.local_host(), self.p["port"]), timeout=2)
+            sock = socket.create_connection((_probe.local_host(self.p["host"]), self.p["port"]), timeout=2)
         except OSError:
             return
         sock.close()
@@ -847,16 +855,8 @@ class VllmServe:
         self.result["pid"] = self.status()["state"]["pid"]
         self.timings["start"] = round(res.elapsed, 2)
 
-    def local_host(self):
-        # A wildcard bind is reached through loopback from the head itself.
-        wildcard = ("0.0.0.0", "::", "")  # noqa: S104
-        return "127.0.0.1" if self.p["host"] in wildcard else self.p["host"]
-
     def url(self, path):
-        host = self.local_host()
-        if ":" in host:
-            host = "[%s]" % host
-        return "http://%s:%d%s" % (host, self.p["port"], path)
+        return _probe.local_url(self.p["host"], self.p["port"]) + path
 
     def http(self, method, path, body=None, timeout=None):
         timeout = timeout or self.p["request_timeout"]
@@ -882,12 +882,7 @@ class VllmServe:
 
     def report(self, probe):
         """What the summary shows of a server that passed its probe."""
-        self.result.update(
-            endpoint=self.url("/v1"),
-            model=self.p["served_model_name"],
-            engine="%s %s" % (probe["owned_by"] or "unknown engine", probe["engine_version"] or "(no version)"),
-            completion=probe["text"],
-        )
+        self.result.update(_probe.summary(self.url(""), self.p["served_model_name"], probe))
 
     def watchdog(self, why):
         """Restart a failed engine, after a backoff, unless that would be a crash loop (then fail)."""

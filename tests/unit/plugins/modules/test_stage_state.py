@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import socket
 import stat
+import threading
 import time
 
 import pytest
@@ -13,7 +15,7 @@ from _fabric_fakes import FakeHost, recorded
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _stage_state
 from ansible_collections.dgx_spark.vllm.plugins.modules import stage_state
 from fake_docker import FakeClient
-from module_runner import run_module
+from module_runner import FIXTURES, run_module
 
 IF0, PEER0 = "enp1s0f1np1", "198.18.100.12"
 IMAGE = "dgx-spark/vllm-runtime:in-service"
@@ -293,3 +295,106 @@ def test_a_service_that_stops_answering_runs_its_stage(monkeypatch, tmp_path):
     assert not failed and verdicts(result) == [("monitoring", False)]
     (reason,) = result["stages"][0]["reasons"]
     assert reason.startswith("node_exporter does not answer at 127.0.0.1:%d (" % port), reason
+
+
+# --- the endpoint the head serves, asked by the probe alongside the live checks -------------------------
+with open(os.path.join(FIXTURES, "vllm_api", "lab-0.32.0-tp2-ray.json"), encoding="utf-8") as _handle:
+    ENGINE = json.load(_handle)
+SERVED = ENGINE["models"]["data"][0]["id"]
+
+
+@pytest.fixture
+def engine():
+    """A real HTTP server on loopback answering as the lab engine did; `state["completion"]` can be set to
+    an HTTP status (the engine core dead) or to "hang"."""
+    state = dict(completion=200, keys=[])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_args):
+            pass
+
+        def answer(self, code, body=None):
+            data = json.dumps(body).encode() if body is not None else b""
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            state["keys"].append(self.headers.get("Authorization"))
+            known = {"/health": None, "/v1/models": ENGINE["models"], "/version": ENGINE["version"]}
+            self.answer(200, known[self.path])
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if state["completion"] == "hang":
+                time.sleep(3)
+                return
+            self.answer(state["completion"], ENGINE["completion"] if state["completion"] == 200 else {})
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield state, server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def serving(node, port, **over):
+    given = [dict(name="vllm_server", inputs="v1", checks=dict(directories=[str(node["tmp"])]))]
+    endpoint = dict(
+        stage="vllm_server",
+        host="0.0.0.0",  # noqa: S104 - a wildcard bind is asked through loopback
+        port=port,
+        served_model_name=SERVED,
+        api_key="s3cret",
+    )
+    endpoint.update(over)
+    return dict(operation="probe", path=str(node["record"]), stages=given, endpoint=endpoint)
+
+
+def test_a_serving_endpoint_keeps_its_stage_converged_and_is_reported(monkeypatch, node, engine):
+    state, port = engine
+    args = serving(node, port)
+    assert not record(monkeypatch, node, given=args["stages"])[0]
+    failed, result = run_module(monkeypatch, stage_state, args)
+    assert not failed and verdicts(result) == [("vllm_server", True)]
+    answer = result["endpoint"]
+    assert answer["probe"]["ok"] and answer["probe"]["engine_version"] == ENGINE["version"]["version"]
+    assert answer["endpoint"] == "http://127.0.0.1:%d/v1" % port and answer["model"] == SERVED
+    assert answer["completion"] == ENGINE["completion"]["choices"][0]["text"]
+    assert "endpoint" in result["seconds"]
+    # The key went in the header, and nowhere in the result.
+    assert set(state["keys"]) == {"Bearer s3cret"} and "s3cret" not in json.dumps(result)
+
+
+@pytest.mark.parametrize(
+    ("completion", "reason"),
+    [
+        (500, "the endpoint failed its probe at completion: the completion failed: HTTP 500"),
+        ("hang", "the endpoint failed its probe at completion: no completion within"),
+    ],
+)
+def test_an_engine_that_fails_its_probe_runs_the_stage(monkeypatch, node, engine, completion, reason):
+    state, port = engine
+    args = serving(node, port, timeout=2)
+    record(monkeypatch, node, given=args["stages"])
+    state["completion"] = completion
+    failed, result = run_module(monkeypatch, stage_state, args)
+    assert not failed and verdicts(result) == [("vllm_server", False)] and result["first_run"] == 0
+    assert result["stages"][0]["reasons"][0].startswith(reason), result["stages"][0]["reasons"]
+    # A failed probe reports no endpoint to the summary, only the probe.
+    assert not result["endpoint"]["probe"]["ok"] and set(result["endpoint"]) == {"probe"}
+
+
+def test_no_endpoint_answering_runs_the_stage_naming_health(monkeypatch, node):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    args = serving(node, port, timeout=1)
+    record(monkeypatch, node, given=args["stages"])
+    failed, result = run_module(monkeypatch, stage_state, args)
+    assert not failed and result["stages"][0]["reasons"] == [
+        "the endpoint failed its probe at health: /health did not answer within 1s"
+    ]

@@ -620,6 +620,23 @@ def test_a_hung_engine_is_restarted_and_the_restart_recorded(monkeypatch, env):
     assert [e["why"] for e in history(DEFAULTS["restart_history"])] == [res["watchdog"]["why"]]
 
 
+def test_the_deploys_failed_probe_is_taken_as_its_own_not_waited_out_again(monkeypatch, env):
+    head, api = env
+    a = args()
+    assert not run_module(monkeypatch, vllm_serve, a)[0]
+    probed = dict(ok=False, step="completion", why="no completion within 60s although /health answered 200")
+    asked = len(api.requests)
+    failed, res = run_module(monkeypatch, vllm_serve, dict(a, probed=probed))
+    assert not failed and res["actions"] == ["restarted"] and len(head.launches) == 2
+    assert res["watchdog"]["why"] == "the probe failed at completion: " + probed["why"]
+    # The server answers (the fake engine is healthy): only the probe given restarts it, and it was not
+    # probed again before the restart: one completion, the new server's.
+    assert [r[1] for r in api.requests[asked:]].count("/v1/completions") == 1 and head.signals[0] == (101, 15)
+    # Settings changed: the probe given is of the old server and does not count; no watchdog restart.
+    failed, res = run_module(monkeypatch, vllm_serve, dict(a, probed=probed, max_model_len=1024))
+    assert not failed and res["actions"] == ["restarted"] and "watchdog" not in res
+
+
 def test_a_crash_loop_is_reported_with_the_log_and_not_restarted(monkeypatch, env):
     head, api = env
     a = args(max_restarts=2)
