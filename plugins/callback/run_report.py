@@ -11,7 +11,8 @@ short_description: Write a per-host JSON summary of a playbook run
 description:
   - Counts ok, changed, failed, skipped and unreachable results per host, and keeps the names of
     the tasks that changed (or would change, in check mode) and each failure's message.
-  - Keeps the serving probe and the watchdog's decision of a task that returned them (M(dgx_spark.vllm.vllm_serve)),
+  - Keeps the serving probe and the watchdog's decision of a task that returned them (M(dgx_spark.vllm.vllm_serve),
+    or the deploy's stage probe M(dgx_spark.vllm.stage_state) under C(endpoint)), the last one of the run,
     so the report says how the endpoint answered (latency, tokens, engine version) or why it failed.
   - Used by the reconverge role's runner; it leaves the normal output alone.
 requirements:
@@ -56,9 +57,13 @@ class CallbackModule(CallbackBase):
         self._check_mode = bool(play.check_mode) or self._check_mode
 
     def _keep_serving(self, host, result):
+        found = result._result
+        # The deploy's stage probe returns the serving probe under endpoint (vllm_serve's endpoint is its URL).
+        if isinstance(found.get("endpoint"), dict) and isinstance(found["endpoint"].get("probe"), dict):
+            host["probe"] = found["endpoint"]["probe"]
         for key in ("probe", "watchdog"):
-            if isinstance(result._result.get(key), dict):
-                host[key] = result._result[key]
+            if isinstance(found.get(key), dict):
+                host[key] = found[key]
 
     def v2_runner_on_ok(self, result):
         host = self._host(result)
