@@ -94,9 +94,14 @@ def probe(http, model, prompt, max_tokens, timeout, *, wait=wait_for, clock=time
     except Exception as exc:
         return finish("version", "GET /version failed: %s" % _describe(exc))
 
+    failed = _complete(http, model, prompt, max_tokens, deadline=left(), out=out, clock=clock)
+    return finish("completion", failed[0]) if failed else finish()
+
+
+def _complete(http, model, prompt, max_tokens, *, deadline, out, clock):
+    """The bounded completion: fills text, latency_s and tokens of `out`; (why, hung) when it failed."""
     asked = clock()
     body = dict(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
-    deadline = left()
     try:
         _code, raw = http("POST", "/v1/completions", body, deadline)
         answer = json.loads(raw)
@@ -104,13 +109,31 @@ def probe(http, model, prompt, max_tokens, timeout, *, wait=wait_for, clock=time
     except Exception as exc:
         out["latency_s"] = round(clock() - asked, 2)
         if "timed out" in str(exc).lower() or type(exc).__name__ in ("TimeoutError", "timeout"):
-            why = "no completion within %.0fs although /health answered 200: the engine hangs" % deadline
-        else:
-            why = "the completion failed: %s" % _describe(exc)
-        return finish("completion", why)
+            return "no completion within %.0fs although /health answered 200: the engine hangs" % deadline, True
+        return "the completion failed: %s" % _describe(exc), False
     out["latency_s"] = round(clock() - asked, 2)
     out["tokens"] = (answer.get("usage") or {}).get("completion_tokens")
-    return finish()
+    out["models"] = [answer.get("model")]
+    return None
+
+
+def ask_once(http, model, prompt, max_tokens, timeout, *, wait=wait_for, clock=time.monotonic):
+    """The warm check of a server already verified: the completion alone (an answer shows the engine serves
+    `model` and generates). One refused or failed is probed in full (probe()), which names the step; one
+    that timed out is not asked again (a hung engine is not waited out twice). Same keys as probe(); the
+    engine's name and version are left None when the completion answered."""
+    started = clock()
+    out = dict(ok=False, step=None, why=None, health=None, models=None, owned_by=None, engine_version=None)
+    out.update(text=None, latency_s=None, tokens=None)
+    failed = _complete(http, model, prompt, max_tokens, deadline=timeout, out=out, clock=clock)
+    if failed and failed[1]:
+        why = "no completion within %.0fs: the engine hangs" % timeout
+        out.update(step="completion", why=why, seconds=round(clock() - started, 2))
+        return out
+    if failed:
+        return probe(http, model, prompt, max_tokens, timeout, wait=wait, clock=clock)
+    out.update(ok=True, seconds=round(clock() - started, 2))
+    return out
 
 
 def local_host(host):
@@ -130,19 +153,21 @@ def summary(base_url, model, found):
     return dict(
         endpoint=base_url + "/v1",
         model=model,
-        engine="%s %s" % (found["owned_by"] or "unknown engine", found["engine_version"] or "(no version)"),
+        # None after the warm check (ask_once): the deploy takes the engine from the stage record.
+        engine="%s %s" % (found["owned_by"], found["engine_version"] or "(no version)") if found["owned_by"] else None,
         completion=found["text"],
     )
 
 
-def probe_url(open_url, base_url, params):
+def probe_url(open_url, base_url, params, *, once=False):
     """The serving probe of the endpoint at `base_url` (http://HOST:PORT), over Ansible's open_url;
-    `params` holds the options of PROBE_ARGS."""
+    `params` holds the options of PROBE_ARGS. `once`: the warm check (ask_once)."""
 
     def http(method, path, body, limit):
         return request(open_url, base_url, params["api_key"], method, path, body=body, timeout=limit)
 
-    return probe(http, params["served_model_name"], params["prompt"], params["max_tokens"], params["timeout"])
+    how = ask_once if once else probe
+    return how(http, params["served_model_name"], params["prompt"], params["max_tokens"], params["timeout"])
 
 
 def _describe(exc):

@@ -73,10 +73,12 @@ options:
         default: {}
   endpoint:
     description:
-      - With O(operation=probe) on the node that serves the API, the serving probe (C(/health), C(/v1/models),
-        C(/version) and one bounded completion, as M(dgx_spark.vllm.vllm_serve) asks) runs alongside the live
-        checks; a probe that fails makes stage O(endpoint.stage) run, naming the failed step. The probe is returned
-        as RV(endpoint).
+      - With O(operation=probe) on the node that serves the API, the warm check runs alongside the live checks:
+        one bounded completion (its answer shows the engine serves the model and generates). One that is refused
+        or fails is probed in full (C(/health), C(/v1/models), C(/version), the completion, as
+        M(dgx_spark.vllm.vllm_serve) asks) to name the failed step; one that times out is not asked again. A
+        failure makes stage O(endpoint.stage) run. The probe is returned as RV(endpoint).
+      - Not asked when O(endpoint.stage)'s settings changed since its record (it runs anyway).
     type: dict
     suboptions:
       stage:
@@ -176,9 +178,11 @@ seconds:
   sample: {"ping": 0.41, "images": 0.05}
 endpoint:
   description:
-    - The serving probe of O(endpoint) (keys as M(dgx_spark.vllm.vllm_probe)'s C(probe)); when it passed, also
-      C(endpoint) (the API's C(/v1) URL as the node reaches it), C(model), C(engine) and C(completion).
-  returned: when O(operation=probe) and O(endpoint) is given
+    - The probe of O(endpoint) (keys as M(dgx_spark.vllm.vllm_probe)'s C(probe); C(owned_by) and
+      C(engine_version) are null when the one completion answered); when it passed, also C(endpoint) (the API's
+      C(/v1) URL as the node reaches it), C(model), C(engine) (null when the completion alone answered) and
+      C(completion).
+  returned: when O(operation=probe), O(endpoint) is given and its stage's settings are unchanged
   type: dict
   sample: {"probe": {"ok": true, "step": null, "latency_s": 0.49, "seconds": 0.57}, "model": "qwen3.5-122b"}
 first_run:
@@ -196,9 +200,9 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import wr
 
 
 def ask(served):
-    """The serving probe of the endpoint this node serves."""
+    """The warm check of the endpoint this node serves (one completion; probed in full when it fails)."""
     base = _probe.local_url(served["host"], served["port"])
-    return _probe.probe_url(open_url, base, served)
+    return _probe.probe_url(open_url, base, served, once=True)
 
 
 def main():

@@ -583,7 +583,7 @@ class VllmServe:
         probe = None
         if same and current["alive"]:
             # The deploy's stage probe asked this same server a moment ago: its failure is not waited out twice.
-            probe = self.p["probed"] if self.p["probed"] else self.probe()
+            probe = self.p["probed"] or self.probe()
             self.result["probe"] = probe
         if probe and probe["ok"]:
             self.result["pid"] = state["pid"]

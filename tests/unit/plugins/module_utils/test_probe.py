@@ -117,3 +117,35 @@ def test_the_history_survives_a_bad_file_and_keeps_the_newest(tmp_path):
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("{not json")
     assert _probe.read_history(path) == []
+
+
+def once(clock, http, timeout=30):
+    return _probe.ask_once(http, SERVED, "The capital", 1, timeout, wait=clock.wait, clock=lambda: clock.now)
+
+
+def test_the_warm_check_is_one_completion_and_leaves_the_engine_unnamed():
+    clock = Clock()
+    http, asked = endpoint(clock, **{"/v1/completions": 0.2})
+    found = once(clock, http)
+    assert found["ok"] and [p for _m, p, _t in asked] == ["/v1/completions"]
+    assert found["models"] == [RECORDED["completion"]["model"]]
+    assert found["text"] == RECORDED["completion"]["choices"][0]["text"]
+    assert found["engine_version"] is None and found["owned_by"] is None and found["latency_s"] == 0.2
+    assert _probe.summary("http://h:8000", SERVED, found)["engine"] is None
+
+
+def test_a_refused_warm_check_is_probed_in_full_naming_the_step():
+    clock = Clock()
+    refused = ConnectionRefusedError(111, "refused")
+    http, asked = endpoint(clock, **{"/v1/completions": refused, "/health": refused})
+    found = once(clock, http)
+    assert found["step"] == "health" and "did not answer" in found["why"]
+    assert [p for _m, p, _t in asked][:2] == ["/v1/completions", "/health"]
+
+
+def test_a_hung_warm_check_is_not_asked_again():
+    clock = Clock()
+    http, asked = endpoint(clock, **{"/v1/completions": 600})
+    found = once(clock, http, timeout=20)
+    assert not found["ok"] and found["step"] == "completion" and "no completion within 20s" in found["why"]
+    assert len(asked) == 1 and clock.now == 20

@@ -307,7 +307,7 @@ SERVED = ENGINE["models"]["data"][0]["id"]
 def engine():
     """A real HTTP server on loopback answering as the lab engine did; `state["completion"]` can be set to
     an HTTP status (the engine core dead) or to "hang"."""
-    state = dict(completion=200, keys=[])
+    state = dict(completion=200, keys=[], asked=[])
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *_args):
@@ -322,11 +322,14 @@ def engine():
 
         def do_GET(self):
             state["keys"].append(self.headers.get("Authorization"))
+            state["asked"].append(self.path)
             known = {"/health": None, "/v1/models": ENGINE["models"], "/version": ENGINE["version"]}
             self.answer(200, known[self.path])
 
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
+            state["keys"].append(self.headers.get("Authorization"))
+            state["asked"].append(self.path)
             if state["completion"] == "hang":
                 time.sleep(3)
                 return
@@ -360,7 +363,9 @@ def test_a_serving_endpoint_keeps_its_stage_converged_and_is_reported(monkeypatc
     failed, result = run_module(monkeypatch, stage_state, args)
     assert not failed and verdicts(result) == [("vllm_server", True)]
     answer = result["endpoint"]
-    assert answer["probe"]["ok"] and answer["probe"]["engine_version"] == ENGINE["version"]["version"]
+    # The warm check is the one completion: the engine's name and version come from the stage record.
+    assert answer["probe"]["ok"] and state["asked"] == ["/v1/completions"]
+    assert answer["engine"] is None and answer["probe"]["engine_version"] is None
     assert answer["endpoint"] == "http://127.0.0.1:%d/v1" % port and answer["model"] == SERVED
     assert answer["completion"] == ENGINE["completion"]["choices"][0]["text"]
     assert "endpoint" in result["seconds"]
@@ -398,3 +403,13 @@ def test_no_endpoint_answering_runs_the_stage_naming_health(monkeypatch, node):
     assert not failed and result["stages"][0]["reasons"] == [
         "the endpoint failed its probe at health: /health did not answer within 1s"
     ]
+
+
+def test_a_stage_whose_settings_changed_runs_without_asking_its_endpoint(monkeypatch, node, engine):
+    state, port = engine
+    args = serving(node, port)
+    record(monkeypatch, node, given=args["stages"])
+    args["stages"][0]["inputs"] = "v2"
+    failed, result = run_module(monkeypatch, stage_state, args)
+    assert not failed and result["stages"][0]["reasons"] == ["its settings changed since the last successful run"]
+    assert state["keys"] == [] and "endpoint" not in result
