@@ -73,7 +73,7 @@ options:
         default: {}
   endpoint:
     description:
-      - With O(operation=probe) on the node that serves the API, the warm check runs alongside the live checks:
+      - With O(operation=probe) on the node that serves the API, the warm check runs alongside the live checks,
         one bounded completion (its answer shows the engine serves the model and generates). One that is refused
         or fails is probed in full (C(/health), C(/v1/models), C(/version), the completion, as
         M(dgx_spark.vllm.vllm_serve) asks) to name the failed step; one that times out is not asked again. A
