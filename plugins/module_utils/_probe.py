@@ -94,45 +94,47 @@ def probe(http, model, prompt, max_tokens, timeout, *, wait=wait_for, clock=time
     except Exception as exc:
         return finish("version", "GET /version failed: %s" % _describe(exc))
 
-    failed = _complete(http, model, prompt, max_tokens, deadline=left(), out=out, clock=clock)
+    failed, _named = _complete(http, model, prompt, max_tokens, deadline=left(), out=out, clock=clock)
     return finish("completion", failed[0]) if failed else finish()
 
 
 def _complete(http, model, prompt, max_tokens, *, deadline, out, clock):
-    """The bounded completion: fills text, latency_s and tokens of `out`; (why, hung) when it failed."""
+    """The bounded completion: fills text, latency_s and tokens of `out`. Returns (why, hung) when it failed,
+    else (None, the model name the answer carries)."""
     asked = clock()
     body = dict(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
     try:
         _code, raw = http("POST", "/v1/completions", body, deadline)
         answer = json.loads(raw)
         out["text"] = answer["choices"][0]["text"]
+        usage = answer.get("usage")
+        out["tokens"] = usage.get("completion_tokens") if isinstance(usage, dict) else None
     except Exception as exc:
         out["latency_s"] = round(clock() - asked, 2)
         if "timed out" in str(exc).lower() or type(exc).__name__ in ("TimeoutError", "timeout"):
-            return "no completion within %.0fs although /health answered 200: the engine hangs" % deadline, True
-        return "the completion failed: %s" % _describe(exc), False
+            return ("no completion within %.0fs although /health answered 200: the engine hangs" % deadline, True), None
+        return ("the completion failed: %s" % _describe(exc), False), None
     out["latency_s"] = round(clock() - asked, 2)
-    out["tokens"] = (answer.get("usage") or {}).get("completion_tokens")
-    out["models"] = [answer.get("model")]
-    return None
+    return None, answer.get("model")
 
 
 def ask_once(http, model, prompt, max_tokens, timeout, *, wait=wait_for, clock=time.monotonic):
-    """The warm check of a server already verified: the completion alone (an answer shows the engine serves
-    `model` and generates). One refused or failed is probed in full (probe()), which names the step; one
-    that timed out is not asked again (a hung engine is not waited out twice). Same keys as probe(); the
-    engine's name and version are left None when the completion answered."""
+    """The warm check of a server already verified: the completion alone (an answer for `model` shows the
+    engine serves it and generates). One refused or failed is probed in full (probe(), in the time left),
+    which names the step; one that timed out is not asked again (a hung engine is not waited out twice).
+    Same keys as probe(); health, owned_by and engine_version stay None when the completion answered."""
     started = clock()
     out = dict(ok=False, step=None, why=None, health=None, models=None, owned_by=None, engine_version=None)
     out.update(text=None, latency_s=None, tokens=None)
-    failed = _complete(http, model, prompt, max_tokens, deadline=timeout, out=out, clock=clock)
+    failed, named = _complete(http, model, prompt, max_tokens, deadline=timeout, out=out, clock=clock)
     if failed and failed[1]:
         why = "no completion within %.0fs: the engine hangs" % timeout
         out.update(step="completion", why=why, seconds=round(clock() - started, 2))
         return out
     if failed:
-        return probe(http, model, prompt, max_tokens, timeout, wait=wait, clock=clock)
-    out.update(ok=True, seconds=round(clock() - started, 2))
+        left = max(1, int(timeout - (clock() - started)))
+        return probe(http, model, prompt, max_tokens, left, wait=wait, clock=clock)
+    out.update(ok=True, models=[named], seconds=round(clock() - started, 2))
     return out
 
 

@@ -254,8 +254,8 @@ class LiveState:
 def probe(module, path, stages, endpoint=None):
     """Each stage, in order: converged or not and why. Once one stage runs, the later ones run too.
 
-    `endpoint` (stage name, ask): ask() returns the serving probe (module_utils/_probe.py) of the endpoint
-    that stage serves; one that fails makes the stage run. Returns (stages, first_run, seconds, served)."""
+    `endpoint` (stage name, ask): ask() returns the warm check (module_utils/_probe.py ask_once) of the
+    endpoint that stage serves; one that fails makes the stage run. Returns (stages, first_run, seconds, served)."""
     recorded = load_record(path)
     live = LiveState(module)
     # Every stage's live state at once (the pings, SSH attempts and the endpoint wait on the network); the

@@ -78,7 +78,7 @@ options:
         or fails is probed in full (C(/health), C(/v1/models), C(/version), the completion, as
         M(dgx_spark.vllm.vllm_serve) asks) to name the failed step; one that times out is not asked again. A
         failure makes stage O(endpoint.stage) run. The probe is returned as RV(endpoint).
-      - Not asked when O(endpoint.stage)'s settings changed since its record (it runs anyway).
+      - Not asked when O(endpoint.stage) has no record or its settings changed since it (it runs anyway).
     type: dict
     suboptions:
       stage:
@@ -182,7 +182,7 @@ endpoint:
       C(engine_version) are null when the one completion answered); when it passed, also C(endpoint) (the API's
       C(/v1) URL as the node reaches it), C(model), C(engine) (null when the completion alone answered) and
       C(completion).
-  returned: when O(operation=probe), O(endpoint) is given and its stage's settings are unchanged
+  returned: when O(operation=probe), O(endpoint) is given and its stage's record holds the same settings
   type: dict
   sample: {"probe": {"ok": true, "step": null, "latency_s": 0.49, "seconds": 0.57}, "model": "qwen3.5-122b"}
 first_run:

@@ -374,7 +374,8 @@ completion:
   type: str
 probe:
   description:
-    - The serving probe of the running server (before any restart), or after a (re)start.
+    - The serving probe of the running server (before any restart; the deploy's failed warm check when it
+      passes one as O(probed)), or the full probe after a (re)start.
     - ok, step (the step that failed), why, health (C(/health)'s status), models, owned_by, engine_version,
       text, latency_s and tokens of the completion, seconds.
   returned: when state is started and a server was running or was started

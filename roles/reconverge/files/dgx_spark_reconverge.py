@@ -137,9 +137,11 @@ def main(argv=None):
         probe = host.get("probe")
         if probe:
             said = "passed" if probe.get("ok") else "FAILED at %s: %s" % (probe.get("step"), probe.get("why"))
+            # The warm check (one completion) asks no /version: its engine is the one on record.
+            engine = probe.get("engine_version") or "as recorded"
             print(
                 "reconverge: %s serving probe %s (completion %ss, %s tokens, engine %s)"
-                % (name, said, probe.get("latency_s"), probe.get("tokens"), probe.get("engine_version"))
+                % (name, said, probe.get("latency_s"), probe.get("tokens"), engine)
             )
     print("reconverge: %s (exit %d), report %s" % (status, code, path), flush=True)
     lock.close()

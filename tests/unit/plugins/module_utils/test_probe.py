@@ -149,3 +149,51 @@ def test_a_hung_warm_check_is_not_asked_again():
     found = once(clock, http, timeout=20)
     assert not found["ok"] and found["step"] == "completion" and "no completion within 20s" in found["why"]
     assert len(asked) == 1 and clock.now == 20
+
+
+def test_the_full_probe_reports_what_v1_models_lists_not_the_completion_model():
+    clock = Clock()
+    http, _asked = endpoint(clock)
+    found = run(clock, http)
+    assert found["models"] == [m["id"] for m in RECORDED["models"]["data"]]
+
+
+def test_a_warm_check_for_a_model_not_served_is_probed_in_full_naming_models():
+    clock = Clock()
+    missing = HTTPError("http://h/v1/completions", 404, "Not Found", {}, None)
+    http, asked = endpoint(clock, **{"/v1/completions": missing})
+    found = _probe.ask_once(http, "other-model", "x", 1, 30, wait=clock.wait, clock=lambda: clock.now)
+    assert found["step"] == "models" and "not the served name other-model" in found["why"]
+    assert [p for _m, p, _t in asked] == ["/v1/completions", "/health", "/v1/models"]
+
+
+def test_a_malformed_answer_falls_back_to_the_full_probe_in_the_time_left():
+    clock = Clock()
+    calls = []
+
+    def http(method, path, body, timeout):
+        calls.append((path, timeout))
+        if path == "/v1/completions" and len(calls) == 1:
+            clock.now += 12
+            return 200, b"<html>proxy error</html>"
+        if path == "/health":
+            return 200, b""
+        key = {"/v1/models": "models", "/version": "version", "/v1/completions": "completion"}[path]
+        return 200, json.dumps(RECORDED[key]).encode()
+
+    found = once(clock, http, timeout=30)
+    # The second completion is the full probe's own: it passed, the engine is named.
+    assert found["ok"] and found["health"] == 200 and found["owned_by"] == "vllm"
+    assert [p for p, _t in calls] == ["/v1/completions", "/health", "/v1/models", "/version", "/v1/completions"]
+    assert max(t for _p, t in calls[1:]) <= 18  # 30 s in all, 12 gone
+
+
+def test_an_answer_without_a_usage_dict_still_passes_with_no_token_count():
+    clock = Clock()
+
+    def http(method, path, body, timeout):
+        answer = dict(RECORDED["completion"], usage="n/a")
+        return 200, json.dumps(answer).encode()
+
+    found = once(clock, http)
+    assert found["ok"] and found["tokens"] is None and found["text"] == RECORDED["completion"]["choices"][0]["text"]

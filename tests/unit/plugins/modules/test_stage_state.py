@@ -373,14 +373,19 @@ def test_a_serving_endpoint_keeps_its_stage_converged_and_is_reported(monkeypatc
     assert set(state["keys"]) == {"Bearer s3cret"} and "s3cret" not in json.dumps(result)
 
 
+FULL_PROBE = ["/v1/completions", "/health", "/v1/models", "/version", "/v1/completions"]
+
+
 @pytest.mark.parametrize(
-    ("completion", "reason"),
+    ("completion", "expected"),
     [
-        (500, "the endpoint failed its probe at completion: the completion failed: HTTP 500"),
-        ("hang", "the endpoint failed its probe at completion: no completion within"),
+        # A failed warm check is probed in full, which names the step; a hung one is not asked again.
+        (500, ("the endpoint failed its probe at completion: the completion failed: HTTP 500", FULL_PROBE)),
+        ("hang", ("the endpoint failed its probe at completion: no completion within", ["/v1/completions"])),
     ],
 )
-def test_an_engine_that_fails_its_probe_runs_the_stage(monkeypatch, node, engine, completion, reason):
+def test_an_engine_that_fails_its_probe_runs_the_stage(monkeypatch, node, engine, completion, expected):
+    reason, asked = expected
     state, port = engine
     args = serving(node, port, timeout=2)
     record(monkeypatch, node, given=args["stages"])
@@ -388,6 +393,7 @@ def test_an_engine_that_fails_its_probe_runs_the_stage(monkeypatch, node, engine
     failed, result = run_module(monkeypatch, stage_state, args)
     assert not failed and verdicts(result) == [("vllm_server", False)] and result["first_run"] == 0
     assert result["stages"][0]["reasons"][0].startswith(reason), result["stages"][0]["reasons"]
+    assert state["asked"] == asked
     # A failed probe reports no endpoint to the summary, only the probe.
     assert not result["endpoint"]["probe"]["ok"] and set(result["endpoint"]) == {"probe"}
 
