@@ -8,6 +8,7 @@ C locale).
 
 from __future__ import annotations
 
+import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,8 +82,23 @@ class RailPinger:
         argv = [self.ping_bin]
         if payload is not None:
             argv += ["-M", "do", "-s", str(payload)]
-        # 0.2 s between pings (the shortest ping allows any user): the check costs ~0.4 s, not ~2 s.
-        argv += ["-c", str(self.count), "-i", "0.2", "-W", str(self.timeout), "-I", interface, peer]
+        # 0.2 s between pings (the shortest ping allows any user): the check costs ~0.4 s, not ~2 s. With -c
+        # alone, once one reply came ping waits only twice the slowest RTT (1 ms at least) after the last send,
+        # so a reply slowed by a busy peer counts as lost; -w makes it wait for count replies until the deadline.
+        deadline = self.timeout + math.ceil(0.2 * self.count)
+        argv += [
+            "-c",
+            str(self.count),
+            "-i",
+            "0.2",
+            "-W",
+            str(self.timeout),
+            "-w",
+            str(deadline),
+            "-I",
+            interface,
+            peer,
+        ]
         return self.module.run_command(argv, environ_update=C_LOCALE)
 
     @staticmethod

@@ -9,8 +9,9 @@ module: fabric_check
 short_description: Don't-fragment ping at full MTU to every peer on every fabric rail
 description:
   - For each rail (one fabric interface of this host) pings every peer address with
-    C(ping -M do -s <mtu - 28> -c <count> -W <timeout> -I <interface> <peer>), so that a frame of the full
-    MTU must cross the path unfragmented.
+    C(ping -M do -s <mtu - 28> -c <count> -W <timeout> -w <deadline> -I <interface> <peer>), so that a frame
+    of the full MTU must cross the path unfragmented. The deadline (O(timeout) + 0.2 s per ping) lets ping wait
+    for every reply: a slow one is not counted as lost.
   - On failure names the rail, the peer and the likely cause, read from ping's output and the link state
     (MTU mismatch on the path, no route, link down, peer unreachable, packet loss). When big pings are lost
     silently, a small ping tells an MTU drop on the path from an unreachable peer.

@@ -39,7 +39,7 @@ def test_all_rails_answer(monkeypatch):
         ("twin-b", True, 0.123),
     ]
     pings = [c for c in host.calls if c[0].endswith("ping")]
-    assert pings[0][1:] == ["-M", "do", "-s", "8972", "-c", "3", "-i", "0.2", "-W", "1", "-I", IF0, PEER0]
+    assert pings[0][1:] == ["-M", "do", "-s", "8972", "-c", "3", "-i", "0.2", "-W", "1", "-w", "2", "-I", IF0, PEER0]
 
 
 @pytest.mark.parametrize(
