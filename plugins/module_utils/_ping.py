@@ -31,6 +31,10 @@ CAUSES = {
 }
 
 
+# Late or lost replies a passing check may have (each re-sent within the deadline).
+LOSS_TOLERATED = 1
+
+
 def parse(rc, out, err):
     """Counts, average RTT and the cause ping's own words point to (None when they point nowhere)."""
     text = "%s\n%s" % (out, err)
@@ -43,7 +47,10 @@ def parse(rc, out, err):
         result["rtt_avg_ms"] = float(rtt.group(1))
     lowered = text.lower()
     if rc == 0 and result["received"]:
-        result["cause"] = "packet_loss" if result["loss_percent"] else None
+        # rc 0 under -w: every reply counted came; ping sent one more for each late or lost one. One is a peer
+        # just brought up or busy; more is loss.
+        lost = result["transmitted"] - result["received"]
+        result["cause"] = "packet_loss" if lost > LOSS_TOLERATED else None
     elif "message too long" in lowered or "frag needed" in lowered:
         result["cause"] = "mtu_mismatch"
     elif "network is unreachable" in lowered or "no route to host" in lowered:
@@ -83,8 +90,8 @@ class RailPinger:
         if payload is not None:
             argv += ["-M", "do", "-s", str(payload)]
         # 0.2 s between pings (the shortest ping allows any user): the check costs ~0.4 s, not ~2 s. With -c
-        # alone, once one reply came ping waits only twice the slowest RTT (1 ms at least) after the last send,
-        # so a reply slowed by a busy peer counts as lost; -w makes it wait for count replies until the deadline.
+        # alone a reply later than ping's short linger after the last send counts as lost; with -w ping sends
+        # until it has count replies or the deadline passes (parse() tolerates LOSS_TOLERATED re-sends).
         deadline = self.timeout + math.ceil(0.2 * self.count)
         argv += [
             "-c",

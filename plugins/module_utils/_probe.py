@@ -134,7 +134,7 @@ def ask_once(http, model, prompt, max_tokens, timeout, *, wait=wait_for, clock=t
     if failed:
         left = max(1, int(timeout - (clock() - started)))
         return probe(http, model, prompt, max_tokens, left, wait=wait, clock=clock)
-    out.update(ok=True, models=[named], seconds=round(clock() - started, 2))
+    out.update(ok=True, models=[named or model], seconds=round(clock() - started, 2))
     return out
 
 
@@ -156,7 +156,9 @@ def summary(base_url, model, found):
         endpoint=base_url + "/v1",
         model=model,
         # None after the warm check (ask_once): the deploy takes the engine from the stage record.
-        engine="%s %s" % (found["owned_by"], found["engine_version"] or "(no version)") if found["owned_by"] else None,
+        engine=None
+        if found["owned_by"] is None and found["engine_version"] is None
+        else "%s %s" % (found["owned_by"] or "unknown engine", found["engine_version"] or "(no version)"),
         completion=found["text"],
     )
 

@@ -10,8 +10,10 @@ short_description: Don't-fragment ping at full MTU to every peer on every fabric
 description:
   - For each rail (one fabric interface of this host) pings every peer address with
     C(ping -M do -s <mtu - 28> -c <count> -W <timeout> -w <deadline> -I <interface> <peer>), so that a frame
-    of the full MTU must cross the path unfragmented. The deadline (O(timeout) + 0.2 s per ping) lets ping wait
-    for every reply: a slow one is not counted as lost.
+    of the full MTU must cross the path unfragmented.
+  - With the deadline (O(timeout) plus 0.2 s per ping, rounded up to whole seconds) ping sends until O(count)
+    replies came. One late or lost reply passes (a peer just brought up, a busy node) and is shown in
+    RV(results) as C(loss_percent); more than one, or fewer than O(count) replies by the deadline, is packet loss.
   - On failure names the rail, the peer and the likely cause, read from ping's output and the link state
     (MTU mismatch on the path, no route, link down, peer unreachable, packet loss). When big pings are lost
     silently, a small ping tells an MTU drop on the path from an unreachable peer.
@@ -51,7 +53,7 @@ options:
     type: int
     default: 3
   timeout:
-    description: Seconds to wait for each reply (C(ping -W)).
+    description: Seconds to wait for a reply when none came (C(ping -W)); the deadline adds 0.2 s per ping to it.
     type: int
     default: 2
 """

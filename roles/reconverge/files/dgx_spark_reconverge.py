@@ -138,7 +138,8 @@ def main(argv=None):
         if probe:
             said = "passed" if probe.get("ok") else "FAILED at %s: %s" % (probe.get("step"), probe.get("why"))
             # The warm check (one completion) asks no /version: its engine is the one on record.
-            engine = probe.get("engine_version") or "as recorded"
+            warm = probe.get("ok") and probe.get("health") is None
+            engine = "as recorded" if warm else probe.get("engine_version")
             print(
                 "reconverge: %s serving probe %s (completion %ss, %s tokens, engine %s)"
                 % (name, said, probe.get("latency_s"), probe.get("tokens"), engine)

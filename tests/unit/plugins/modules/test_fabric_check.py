@@ -78,15 +78,41 @@ def test_ping_evidence_is_quoted(monkeypatch):
     assert "Frag needed and DF set (mtu = 1500)" in result["msg"]
 
 
-def test_partial_loss(monkeypatch):
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [
+        # Recorded with -w 3: the peer dropped the first echo request (4 sent, 3 replies): a peer just up.
+        ("ping_deadline_one_lost", (True, 25.0)),
+        # Every second dropped (6 sent), and three of every four (9 sent): loss, although 3 replies came.
+        ("ping_deadline_late_replies", (False, 50.0)),
+        ("ping_deadline_lossy", (False, 66.6667)),
+    ],
+)
+def test_one_late_or_lost_reply_passes_more_is_loss(monkeypatch, fixture, expected):
+    ok, loss = expected
+    host_with(monkeypatch, "addr_configured", fixture)
+    failed, result = run_module(monkeypatch, fabric_check, one_rail())
+    assert failed is not ok and result["results"][0]["ok"] is ok
+    assert result["results"][0]["loss_percent"] == pytest.approx(loss)
+    assert result["results"][0]["cause"] == (None if ok else "packet_loss")
+
+
+def test_fewer_replies_than_count_by_the_deadline_is_loss(monkeypatch):
     _rc, out, err = recorded("ping", "ping_ok")
     out = out.replace("3 received, 0% packet loss", "2 received, 33.3333% packet loss")
     host = FakeHost(monkeypatch, "addr_configured")
+    # ping -w exits 1 when fewer than count replies came by the deadline.
     host.ping_results[(IF0, PEER0, True)] = (1, out, err)
     failed, result = run_module(monkeypatch, fabric_check, one_rail())
     assert failed
     assert result["results"][0]["cause"] == "packet_loss"
     assert result["results"][0]["loss_percent"] == pytest.approx(33.3333)
+
+
+def test_silence_until_the_deadline_is_diagnosed_with_a_small_ping(monkeypatch):
+    host_with(monkeypatch, "addr_configured", "ping_deadline_silent", "ping_small_ok")
+    failed, result = run_module(monkeypatch, fabric_check, one_rail())
+    assert failed and result["results"][0]["cause"] == "mtu_mismatch"
 
 
 def test_check_mode_pings_too(monkeypatch):
