@@ -95,6 +95,8 @@ class CallbackModule(CallbackBase):
                         "command",
                         "flag_check",
                         "engine",
+                        "synced",
+                        "sent_bytes",
                     )
                     if k in res
                 },

@@ -17,8 +17,17 @@ description:
     C(huggingface_hub.snapshot_download) (resumable) when that library is importable on the node.
   - Returns a manifest (relative path, size, fingerprint) and its digest, so a role can compare
     nodes and sync only the ones that differ.
-  - With O(sync_to), copies the directory from this node to each listed node with C(rsync) over
-    SSH on the fabric, node to node (the payload never passes through the controller).
+  - With O(sync_to), copies the directory from this node to the listed nodes over SSH on the fabric,
+    node to node (the payload never passes through the controller). With O(sync_topology=chain) (the
+    default) this node streams one tar of the files some node lacks to the first node; each node writes
+    the files it lacks and passes the same bytes on to the next as they arrive, so this node sends one
+    copy whatever the number of nodes. Files a node holds that this node does not (an older revision's
+    shards) are removed there. A node that holds every file (its O(sync_to[].manifest) equals this
+    node's) is left out. The next node's SSH uses this node's key through a private, forwarded
+    C(ssh-agent) (no key is copied) and the host keys this node knows for that address. With
+    O(sync_topology=star), this node runs C(rsync --delete) to each node in turn (one copy per node).
+  - A chain copy interrupted resumes by file on the next run (the files a node holds whole are not
+    sent again); rsync resumes inside a file.
   - With O(drop_caches=true), drops the page cache (on unified-memory nodes the page cache competes
     with GPU memory); where C(/proc/sys) is read-only (containers) this is reported, not failed.
     Dropping caches is an action, not a state, so it does not count as a change.
@@ -79,6 +88,19 @@ options:
       path:
         description: Directory on that node; defaults to O(path).
         type: path
+      manifest:
+        description:
+          - That node's manifest (the RV(manifest) of this module run there). With O(sync_topology=chain),
+            only the files whose size or fingerprint differ are written there; omitted, every file is.
+        type: list
+        elements: dict
+  sync_topology:
+    description:
+      - V(chain) streams through the O(sync_to) nodes in their order (this node sends one copy);
+        V(star) copies from this node to each one with C(rsync) (one copy each).
+    type: str
+    choices: [chain, star]
+    default: chain
   ssh_user:
     description: SSH user on the O(sync_to) nodes.
     type: str
@@ -152,7 +174,9 @@ download:
   returned: always
   type: dict
 synced:
-  description: One record per O(sync_to) node (host, address, changed, seconds, files).
+  description:
+    - One record per O(sync_to) node (host, address, changed, seconds, files). A chain copy adds
+      C(source) (the node it streamed from), C(bytes) (received) and C(error).
   returned: always
   type: list
   elements: dict
@@ -160,6 +184,10 @@ page_cache:
   description: Whether the page cache was dropped (C(requested), C(dropped), C(reason)).
   returned: always
   type: dict
+sent_bytes:
+  description: Bytes this node sent for a chain copy (one stream, whatever the number of nodes); 0 with V(star).
+  returned: always
+  type: int
 """
 
 import os
@@ -168,7 +196,7 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _ssh
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _model_chain, _ssh
 
 try:
     from huggingface_hub import snapshot_download
@@ -191,6 +219,7 @@ class ModelFiles:
             changed=False,
             download=dict(attempted=False, ok=None, message=""),
             synced=[],
+            sent_bytes=0,
             page_cache=dict(requested=self.p["drop_caches"], dropped=False, reason=""),
         )
 
@@ -207,8 +236,11 @@ class ModelFiles:
         else:
             entries, digest = [], ""
         self.result.update(manifest=entries, manifest_digest=digest, total_bytes=sum(e["size"] for e in entries))
-        for target in self.p["sync_to"]:
-            self.sync(target)
+        if self.p["sync_topology"] == "chain":
+            self.chain(entries)
+        else:
+            for target in self.p["sync_to"]:
+                self.sync(target)
         if self.p["drop_caches"]:
             if self.module.check_mode:
                 self.result["page_cache"]["reason"] = "check mode"
@@ -285,13 +317,66 @@ class ModelFiles:
             parts.append("Download it again (download=true with repo_id) or copy the files, then rerun.")
         return " ".join(parts)
 
+    def chain(self, entries):
+        targets = [dict(t, path=t.get("path") or self.p["path"]) for t in self.p["sync_to"]]
+        hops, files = _model_chain.plan(entries, targets)
+        records = {}
+        for target in targets:
+            records[target["host"]] = dict(host=target["host"], address=target["address"], changed=False)
+            records[target["host"]].update(seconds=0.0, files=0, bytes=0, source="", error="")
+        self.result["synced"] = list(records.values())
+        if not hops:
+            return
+        self.result["changed"] = True
+        for previous, hop in zip([dict(host="this node"), *hops], hops):
+            records[hop["host"]].update(changed=True, files=len(hop["extract"]), source=previous["host"])
+            records[hop["host"]]["removed"] = len(hop["remove"])
+        if self.module.check_mode:
+            return
+        bins = {name: self.module.get_bin_path(name, required=True) for name in _model_chain.BINARIES}
+        try:
+            sent = _model_chain.send(
+                self.p["path"],
+                hops,
+                files,
+                bins=bins,
+                user=self.p["ssh_user"],
+                key=self.p["ssh_key"],
+                known_hosts=self.p["ssh_known_hosts"],
+            )
+        except (OSError, RuntimeError) as exc:
+            self.module.fail_json(msg="The chain copy of %s could not start: %s" % (self.p["path"], exc), **self.result)
+        for report in sent["reports"]:
+            records[report["host"]].update(seconds=report["seconds"], bytes=report["bytes"], error=report["error"])
+        self.result["sent_bytes"] = sent["reports"][0]["bytes"] if sent["reports"] else 0
+        failed = [r for r in sent["reports"] if not r["ok"]]
+        if failed or sent["tar_error"]:
+            reasons = ([sent["tar_error"]] if sent["tar_error"] else []) + [
+                "%s: %s" % (r["host"], r["error"]) for r in failed
+            ]
+            self.module.fail_json(
+                msg="The chain copy of %s (%s) did not complete: %s. The run after this one sends only the files "
+                "a node does not hold whole; check SSH between these nodes as %s on the fabric (the next node's "
+                "host key known to this node), and space under %s; or set sync_topology=star (model_sync_topology)."
+                % (
+                    self.p["path"],
+                    " -> ".join(["this node"] + [h["host"] for h in hops]),
+                    "; ".join(reasons),
+                    self.p["ssh_user"],
+                    self.p["path"],
+                ),
+                **self.result,
+            )
+
     def sync(self, target):
         dest = target.get("path") or self.p["path"]
         record = dict(host=target["host"], address=target["address"], changed=False, seconds=0.0, files=0)
         self.result["synced"].append(record)
         rsync = self.module.get_bin_path("rsync", required=True)
         ssh = _ssh.client_argv("ssh", self.p["ssh_key"], self.p["ssh_known_hosts"], accept_new=True)
-        argv = [rsync, "-a", "--partial", "--mkpath", "--itemize-changes", "-e", " ".join(ssh)]
+        # --delete: an older revision's shards would leave the manifests unequal for good.
+        argv = [rsync, "-a", "--partial", "--mkpath", "--delete", "--itemize-changes", "-e", " ".join(ssh)]
+        argv += ["--exclude=/%s" % name for name in sorted(_model.SKIP_DIRS)]
         if self.module.check_mode:
             argv.append("--dry-run")
         remote = "%s:%s/" % (_ssh.destination(self.p["ssh_user"], target["address"]), dest.rstrip("/"))
@@ -330,8 +415,10 @@ def main():
                     host=dict(type="str", required=True),
                     address=dict(type="str", required=True),
                     path=dict(type="path"),
+                    manifest=dict(type="list", elements="dict"),
                 ),
             ),
+            sync_topology=dict(type="str", choices=["chain", "star"], default="chain"),
             ssh_user=dict(type="str", default="root"),
             ssh_key=dict(type="path", no_log=False),
             ssh_known_hosts=dict(type="path"),

@@ -129,7 +129,11 @@ def fake_rsync(monkeypatch, output, rc=0):
     return calls
 
 
-SYNC = dict(sync_to=[{"host": "spark-2", "address": "198.18.100.12"}], ssh_key="/root/.ssh/dgx_spark_vllm_sync")
+SYNC = dict(
+    sync_to=[{"host": "spark-2", "address": "198.18.100.12"}],
+    ssh_key="/root/.ssh/dgx_spark_vllm_sync",
+    sync_topology="star",
+)
 
 
 def test_sync_transfers_node_to_node(monkeypatch, tree):
@@ -138,7 +142,7 @@ def test_sync_transfers_node_to_node(monkeypatch, tree):
     assert not failed, res
     assert res["changed"] and res["synced"][0]["changed"] and res["synced"][0]["files"] == 5
     argv = calls[0]
-    assert argv[0] == "/usr/bin/rsync" and "--partial" in argv
+    assert argv[0] == "/usr/bin/rsync" and {"--partial", "--delete", "--exclude=/.cache"} <= set(argv)
     assert argv[-2:] == [tree + "/", "root@198.18.100.12:%s/" % tree]
     assert "-i /root/.ssh/dgx_spark_vllm_sync" in argv[argv.index("-e") + 1]
 
@@ -164,6 +168,68 @@ def test_sync_check_mode_is_a_dry_run(monkeypatch, tree):
 def test_sync_needs_a_key(monkeypatch, tree):
     failed, res = run_module(monkeypatch, model_files, dict(path=tree, sync_to=SYNC["sync_to"]))
     assert failed and res["msg"].startswith("ssh_key:")
+
+
+def fake_chain(monkeypatch, fail_host=None):
+    """The chain's transport (run for real in test_model_chain.py); here what the module asks of it."""
+    calls = []
+
+    def send(path, hops, files, *, bins, user, key, known_hosts, connect_timeout=5):
+        calls.append(dict(path=path, hops=hops, files=files, user=user, key=key))
+        reports = []
+        for hop in hops:
+            failed = hop["host"] == fail_host
+            error = "the stream to %s ended (ssh rc 255): No route to host" % hop["host"] if failed else ""
+            reports.append(dict(host=hop["host"], ok=not failed, bytes=4096, files=len(hop["extract"]), seconds=0.1))
+            reports[-1]["error"] = error
+        return dict(reports=reports, tar_error="")
+
+    monkeypatch.setattr(model_files._model_chain, "send", send)
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/usr/bin/" + name)
+    return calls
+
+
+def chain_args(tree, manifests):
+    targets = [dict(host=h, address="198.18.100.%d" % (12 + i), manifest=m) for i, (h, m) in enumerate(manifests)]
+    return dict(path=tree, sync_to=targets, ssh_key="/root/.ssh/k")
+
+
+def test_chain_sends_each_stale_worker_what_it_lacks_and_skips_a_converged_one(monkeypatch, tree):
+    head = _model.manifest(tree, "sample")[0]
+    lacking = [e for e in head if e["path"] != SHARD2]
+    calls = fake_chain(monkeypatch)
+    args = chain_args(tree, [("spark-2", None), ("spark-3", head), ("spark-4", lacking)])
+    failed, res = run_module(monkeypatch, model_files, args)
+    assert not failed, res
+    (call,) = calls
+    assert [h["host"] for h in call["hops"]] == ["spark-2", "spark-4"]
+    assert call["hops"][1]["extract"] == [SHARD2] and call["files"] == [e["path"] for e in head]
+    synced = {r["host"]: r for r in res["synced"]}
+    assert synced["spark-3"]["changed"] is False and synced["spark-3"]["files"] == 0
+    assert synced["spark-4"]["source"] == "spark-2" and synced["spark-2"]["source"] == "this node"
+    assert res["changed"] and res["sent_bytes"] == 4096
+
+
+def test_chain_with_every_worker_converged_sends_nothing(monkeypatch, tree):
+    head = _model.manifest(tree, "sample")[0]
+    calls = fake_chain(monkeypatch)
+    failed, res = run_module(monkeypatch, model_files, chain_args(tree, [("spark-2", head)]))
+    assert not failed and not res["changed"] and calls == [] and res["sent_bytes"] == 0
+
+
+def test_chain_in_check_mode_reports_and_sends_nothing(monkeypatch, tree):
+    calls = fake_chain(monkeypatch)
+    args = dict(chain_args(tree, [("spark-2", None)]), _ansible_check_mode=True)
+    failed, res = run_module(monkeypatch, model_files, args)
+    assert not failed and res["changed"] and calls == [] and res["synced"][0]["files"] == len(os.listdir(tree))
+
+
+def test_chain_failure_names_the_node_and_the_resume(monkeypatch, tree):
+    fake_chain(monkeypatch, fail_host="spark-3")
+    failed, res = run_module(monkeypatch, model_files, chain_args(tree, [("spark-2", None), ("spark-3", None)]))
+    assert failed
+    assert "this node -> spark-2 -> spark-3" in res["msg"] and "spark-3: the stream to spark-3 ended" in res["msg"]
+    assert "sends only the files" in res["msg"] and "model_sync_topology" in res["msg"]
 
 
 def test_drop_caches_reports_read_only_proc(monkeypatch, tree):

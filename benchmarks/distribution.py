@@ -1,0 +1,255 @@
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Model distribution to 1, 2 and 3 workers (2, 3 and 4 nodes): head-sends-all (star) against the chain,
+side by side in one run, on the distribution lab (benchmarks/distribution/inventory: dist-1 .. dist-4).
+
+    .venv/bin/ansible-playbook -i benchmarks/distribution/inventory playbooks/lab.yml
+    .venv/bin/python benchmarks/distribution.py [--runs 3] [--shards 16] [--shard-mb 16] [--rate-mbit 400]
+    .venv/bin/ansible-playbook -i benchmarks/distribution/inventory playbooks/lab.yml -e lab_state=absent
+
+Every node's first-rail egress is held to --rate-mbit by a token bucket (tc tbf), as a port would: on one
+machine the nodes' bridges otherwise run at memory speed, and the CPU, not the head's port, would be what
+runs out. The model is a synthetic one of --shards safetensors shards (the lab model's config.json and
+tokenizer beside them, so the deploy's layout and memory checks read a real config), written on the head.
+For each run, each topology and each worker count: the model is removed from that many workers (the
+others keep theirs and are not sent anything), then `deploy-qwen35.yml --tags model` runs. Measured: the
+copy task's wall time on the controller (bench_timer) and the bytes the head's first rail sent
+(/sys/class/net/<rail>/statistics/tx_bytes). The deploy's own check that every node's manifest equals the
+head's must pass. Prints the table; writes the raw runs to benchmarks/results/distribution-<time>.json.
+Timings are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+INVENTORY = os.path.join(BENCH, "distribution", "inventory")
+VENV_BIN = os.path.join(ROOT, ".venv", "bin")
+sys.path.insert(0, os.path.join(ROOT, "tests", "faults"))
+os.environ.setdefault("DGX_SPARK_LAB_INVENTORY", INVENTORY)
+import labkit  # noqa: E402 - the path above first
+
+LAB = labkit.read_inventory(INVENTORY)
+HEAD, WORKERS = LAB["nodes"][0], LAB["nodes"][1:]
+RAIL = LAB["head_rail"]
+MODEL = "/var/lib/dgx-spark/models/distribution-bench"
+COPY_TASK = "Copy the model from the head over the fabric"
+TOPOLOGIES = ("star", "chain")
+
+# Written on the head: shards with a valid safetensors header (one U8 tensor each) and their index.
+WRITE_MODEL = r"""
+import json, os, shutil, struct, sys
+src, dst, shards, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+shutil.rmtree(dst, ignore_errors=True)
+os.makedirs(dst)
+for name in os.listdir(src):
+    if name.endswith((".json", ".jinja")) and name != "model.safetensors.index.json":
+        shutil.copy(os.path.join(src, name), dst)
+weight_map = {}
+for i in range(1, shards + 1):
+    file = "model-%05d-of-%05d.safetensors" % (i, shards)
+    tensor = "w%d" % i
+    header = json.dumps({tensor: {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
+    with open(os.path.join(dst, file), "wb") as out:
+        out.write(struct.pack("<Q", len(header)) + header)
+        for _ in range(size >> 20):
+            out.write(os.urandom(1 << 20))
+    weight_map[tensor] = file
+with open(os.path.join(dst, "model.safetensors.index.json"), "w") as out:
+    json.dump({"metadata": {"total_size": shards * size}, "weight_map": weight_map}, out)
+"""
+
+
+def log(msg):
+    sys.stderr.write("%s %s\n" % (time.strftime("%H:%M:%S"), msg))
+
+
+def node(name, *argv, check=True):
+    proc = subprocess.run(["docker", "exec", name, *argv], capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise SystemExit("%s: %s failed: %s" % (name, " ".join(argv), proc.stderr.strip()))
+    return proc.stdout
+
+
+def shape(rate_mbit):
+    for name in LAB["nodes"]:
+        if rate_mbit:
+            node(
+                name,
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                RAIL,
+                "root",
+                "tbf",
+                "rate",
+                "%dmbit" % rate_mbit,
+                "burst",
+                "256kb",
+                "latency",
+                "400ms",
+            )
+        else:
+            node(name, "tc", "qdisc", "del", "dev", RAIL, "root", check=False)
+
+
+def tx_bytes():
+    return int(node(HEAD, "cat", "/sys/class/net/%s/statistics/tx_bytes" % RAIL))
+
+
+def deploy(*extra):
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(
+            os.environ,
+            ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build", "collections"),
+            ANSIBLE_CALLBACK_PLUGINS=os.path.join(BENCH, "callback_plugins"),
+            ANSIBLE_CALLBACKS_ENABLED="bench_timer",
+            BENCH_TIMER_OUT=os.path.join(tmp, "timer.json"),
+            ANSIBLE_NOCOLOR="1",
+        )
+        argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", INVENTORY, os.path.join(ROOT, "deploy-qwen35.yml")]
+        started = time.time()
+        proc = subprocess.run([*argv, *extra], capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+        wall = time.time() - started
+        if proc.returncode != 0:
+            raise RuntimeError("deploy %s: rc %d\n%s" % (" ".join(extra), proc.returncode, proc.stdout[-3000:]))
+        with open(env["BENCH_TIMER_OUT"], encoding="utf-8") as handle:
+            return json.load(handle), wall
+
+
+def copy_task(timer):
+    """The head's copy task: its wall time and the module's own report (synced, sent_bytes)."""
+    for task in timer["tasks"]:
+        if task["task"].endswith(COPY_TASK) and task["host"] == HEAD and task["status"] == "ok":
+            return round(task["end"] - task["start"], 2), task["result"]
+    return None, {}
+
+
+def one(topology, workers, model_extra):
+    for name in WORKERS:
+        if name in workers:
+            node(name, "rm", "-rf", MODEL)
+    before = tx_bytes()
+    timer, wall = deploy("--tags", "fabric,model", "-e", "model_sync_topology=" + topology, *model_extra)
+    sent = tx_bytes() - before
+    seconds, result = copy_task(timer)
+    return dict(
+        topology=topology,
+        workers=len(workers),
+        seconds=seconds,
+        head_sent=sent,
+        wall=round(wall, 2),
+        synced=result.get("synced"),
+        module_sent=result.get("sent_bytes"),
+    )
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def table(doc):
+    runs, size = doc["runs"], doc["model_bytes"]
+    lines = [
+        "Model distribution: %d MiB in %d shards, node egress %s Mbit/s (tc tbf), %d runs, medians (min-max)"
+        % (size >> 20, doc["shards"], doc["rate_mbit"] or "unlimited", doc["repeat"]),
+        "",
+        "| nodes | workers | star s | chain s | star / 1 worker | chain / 1 worker | head sent: star | chain |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = {t: med([r["seconds"] for r in runs if r["topology"] == t and r["workers"] == 1]) for t in TOPOLOGIES}
+
+    def cell(t, n, key):
+        values = [r[key] for r in runs if r["topology"] == t and r["workers"] == n and r[key] is not None]
+        if not values:
+            return "-", None
+        m = statistics.median(values)
+        if key == "head_sent":
+            return "%.2f copies" % (m / size), m
+        return "%.1f (%.1f-%.1f)" % (m, min(values), max(values)), m
+
+    for n in sorted({r["workers"] for r in runs}):
+        star, star_m = cell("star", n, "seconds")
+        chain, chain_m = cell("chain", n, "seconds")
+        ratios = ["%.2fx" % (m / base[t]) if m and base[t] else "-" for t, m in (("star", star_m), ("chain", chain_m))]
+        lines.append(
+            "| %d | %d | %s | %s | %s | %s | %s | %s |"
+            % (
+                n + 1,
+                n,
+                star,
+                chain,
+                ratios[0],
+                ratios[1],
+                cell("star", n, "head_sent")[0],
+                cell("chain", n, "head_sent")[0],
+            )
+        )
+    lines += ["", "Target (issue 17): chain to 3 workers <= 1.5x chain to 1 worker; the head sends about one copy."]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--shard-mb", type=int, default=16)
+    parser.add_argument("--rate-mbit", type=int, default=400, help="each node's egress; 0 leaves it unlimited")
+    parser.add_argument("--table", help="print a written result's table again")
+    args = parser.parse_args()
+    if args.table:
+        with open(args.table, encoding="utf-8") as handle:
+            print(table(json.load(handle)))
+        return
+    log("preflight and fabric on %s" % ", ".join(LAB["nodes"]))
+    deploy("--tags", "preflight,fabric")
+    size = args.shard_mb << 20
+    node(HEAD, "python3", "-c", WRITE_MODEL, LAB["model_path"], MODEL, str(args.shards), str(size))
+    model_extra = ("-e", "model_path=" + MODEL)
+    # Every worker holds the model first: each case removes it from exactly the workers it measures.
+    deploy("--tags", "fabric,model", "-e", "model_sync_topology=chain", *model_extra)
+    doc = dict(
+        started=datetime.now(UTC).isoformat(),
+        shards=args.shards,
+        model_bytes=args.shards * size,
+        rate_mbit=args.rate_mbit,
+        repeat=args.runs,
+        runs=[],
+    )
+    out = os.path.join(BENCH, "results", "distribution-%s.json" % datetime.now(UTC).strftime("%Y%m%dT%H%M%S"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    shape(args.rate_mbit)
+    try:
+        for run in range(args.runs):
+            for n in range(1, len(WORKERS) + 1):
+                # Alternate which topology goes first, so neither always runs on a warmer machine.
+                for topology in TOPOLOGIES if (run + n) % 2 == 0 else TOPOLOGIES[::-1]:
+                    record = one(topology, WORKERS[:n], model_extra)
+                    record["run"] = run
+                    doc["runs"].append(record)
+                    log(
+                        "run %d %s to %d: %s s, head sent %.1f MiB"
+                        % (run + 1, topology, n, record["seconds"], record["head_sent"] / 2**20)
+                    )
+                    with open(out, "w", encoding="utf-8") as handle:
+                        json.dump(doc, handle, indent=1)
+    finally:
+        shape(0)
+    print(table(doc))
+    log("raw runs: %s" % out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+# Copyright: dgx_spark.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pipelined chain copy of a model directory (private; used by model_files).
+
+The head streams one tar of the files some worker lacks to the first worker. Each worker writes the
+files it lacks and passes the same bytes on to the next worker over SSH as they arrive. So the head
+sends one copy whatever the number of workers, and the last worker ends about one hop's latency after
+the first. Worker-to-worker SSH uses the head's key through agent forwarding (no key is copied to a
+worker) and the head's known host keys, passed along in the hop's spec (nothing learned on first use).
+
+This file is also the relay. The head sends this file's own source to each hop (`python3 -c`), so a
+worker needs python3, tar and ssh only. Keep it standard-library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CHUNK = 1 << 20
+# What the head runs (the hops need python3, tar and ssh).
+BINARIES = ("ssh", "ssh-agent", "ssh-add", "ssh-keygen", "tar")
+BOOT = 'import base64,sys;exec(compile(base64.b64decode(sys.argv[1]),"dgx_spark_model_relay","exec"))'
+# Detects a hop whose link or node died mid-stream instead of waiting on it forever.
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
+
+
+def needed(head_entries, target_entries):
+    """Paths (in the head's order) whose size or fingerprint differs on the target, or that it lacks."""
+    if target_entries is None:
+        return [e["path"] for e in head_entries]
+    theirs = {e["path"]: (e["size"], e.get("fingerprint")) for e in target_entries}
+    return [e["path"] for e in head_entries if theirs.get(e["path"]) != (e["size"], e.get("fingerprint"))]
+
+
+def extra(head_entries, target_entries):
+    """Paths the target holds that the head does not (an older revision's shards): removed there."""
+    ours = {e["path"] for e in head_entries}
+    return [e["path"] for e in target_entries or [] if e["path"] not in ours]
+
+
+def plan(head_entries, targets):
+    """(hops, files): the targets that differ, each with its `extract` and `remove` lists, and the union sent."""
+    hops = []
+    for target in targets:
+        extract, remove = needed(head_entries, target.get("manifest")), extra(head_entries, target.get("manifest"))
+        if extract or remove:
+            hops.append(dict(target, extract=extract, remove=remove))
+    wanted = {path for hop in hops for path in hop["extract"]}
+    return hops, [e["path"] for e in head_entries if e["path"] in wanted]
+
+
+def encode(value):
+    return base64.b64encode(value if isinstance(value, bytes) else json.dumps(value).encode("utf-8")).decode("ascii")
+
+
+def hop_command(source_b64, spec):
+    """The remote command line for one hop: this file's source and the hop's spec, base64 (no quoting)."""
+    return "python3 -c '%s' %s %s" % (BOOT, source_b64, encode(spec))
+
+
+def hop_spec(hops, index=0):
+    """What hop `index` needs: its own path and files, and the rest of the chain to pass the stream to."""
+    hop = hops[index]
+    return dict(
+        host=hop["host"],
+        path=hop["path"],
+        extract=hop["extract"],
+        remove=hop["remove"],
+        next=[dict(host=h["host"], address=h["address"]) for h in hops[index + 1 :]],
+        rest=[hop_spec(hops, index + 1)] if index + 1 < len(hops) else [],
+    )
+
+
+# Settings every hop shares, sent once per hop rather than nested in each level.
+COMMON = ("user", "known_hosts", "connect_timeout")
+
+
+def destination(user, address):
+    return "%s@%s" % (user, address)
+
+
+def not_reached(hosts, why):
+    return [dict(host=h, ok=False, bytes=0, files=0, seconds=0.0, error=why) for h in hosts]
+
+
+def finish_downstream(down, err_file, next_hosts):
+    """Reports of the rest of the chain: its own JSON line, or why the stream to it ended."""
+    out = down.stdout.read()
+    down.wait()
+    err_file.seek(0)
+    err = err_file.read().decode("utf-8", "replace").strip()
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    try:
+        reports = json.loads(lines[-1])
+        if isinstance(reports, list) and len(reports) == len(next_hosts):
+            return reports
+    except (IndexError, ValueError):
+        pass
+    first, rest = next_hosts[0], next_hosts[1:]
+    why = "the stream to %s ended (ssh rc %d): %s" % (first, down.returncode, err[-300:] or "no answer")
+    return not_reached([first], why) + not_reached(rest, "not reached: the stream to %s ended" % first)
+
+
+def start_downstream(spec, source_b64, ssh, workdir, err_file):
+    """ssh to the next hop, with the head's host keys for its address and the forwarded agent."""
+    nxt = spec["next"][0]
+    rest = dict(spec["rest"][0], **{key: spec[key] for key in COMMON})
+    lines = spec["known_hosts"].get(nxt["address"], [])
+    known = os.path.join(workdir, "known_hosts")
+    with open(known, "w", encoding="utf-8") as handle:
+        handle.write("".join(line + "\n" for line in lines))
+    argv = [ssh, "-A", "-T", *SSH_OPTIONS, "-o", "ConnectTimeout=%d" % spec["connect_timeout"]]
+    argv += ["-o", "UserKnownHostsFile=%s" % known]
+    argv += ["-o", "StrictHostKeyChecking=%s" % ("yes" if lines else "accept-new")]
+    argv += [destination(spec["user"], nxt["address"]), hop_command(source_b64, rest)]
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_file)
+
+
+def remove_extra(spec):
+    """Delete the files the head does not hold, inside the model directory only."""
+    root = os.path.realpath(spec["path"])
+    for rel in spec["remove"]:
+        full = os.path.realpath(os.path.join(root, rel))
+        if full.startswith(root + os.sep) and os.path.isfile(full):
+            os.remove(full)
+
+
+def start_extract(spec, workdir, err_file):
+    """tar -x of this hop's files; None when it lacks none (tar given no names would write every one)."""
+    os.makedirs(spec["path"], exist_ok=True)
+    remove_extra(spec)
+    if not spec["extract"]:
+        return None
+    listing = os.path.join(workdir, "files")
+    with open(listing, "w", encoding="utf-8") as handle:
+        handle.write("".join(path + "\n" for path in spec["extract"]))
+    argv = ["tar", "-x", "-f", "-", "-C", spec["path"], "--no-same-owner", "-T", listing]
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=err_file)
+
+
+def write(pipe, chunk):
+    """False when the reader is gone; the stream goes on to the others."""
+    try:
+        pipe.write(chunk)
+        return True
+    except OSError:
+        return False
+
+
+def relay(spec, source, source_b64, ssh="ssh"):
+    """Write this hop's files from `source` while passing every byte on; the chain's reports."""
+    started = time.monotonic()
+    me = dict(host=spec["host"], ok=False, bytes=0, files=len(spec["extract"]), seconds=0.0, error="")
+    next_hosts = [h["host"] for h in spec["next"]]
+    with tempfile.TemporaryDirectory(prefix="dgx-spark-relay-") as workdir, contextlib.ExitStack() as stack:
+        down_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
+        tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
+        down = start_downstream(spec, source_b64, ssh, workdir, down_err) if spec["next"] else None
+        try:
+            tar = start_extract(spec, workdir, tar_err)
+        except OSError as exc:
+            tar, me["error"] = None, "cannot write %s: %s" % (spec["path"], exc)
+        else:
+            me["ok"] = tar is None
+        down_open = down is not None
+        tar_open = tar is not None
+        while True:
+            chunk = source.read(CHUNK)
+            if not chunk:
+                break
+            me["bytes"] += len(chunk)
+            # Downstream first: the next node's copy does not wait on this node's disk.
+            down_open = down_open and write(down.stdin, chunk)
+            tar_open = tar_open and write(tar.stdin, chunk)
+        for proc in (tar, down):
+            if proc is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        if tar is not None:
+            rc = tar.wait()
+            tar_err.seek(0)
+            problem = tar_err.read().decode("utf-8", "replace").strip()
+            me["ok"] = rc == 0
+            if rc != 0:
+                me["error"] = "tar -x into %s failed (rc %d): %s" % (spec["path"], rc, problem[-300:] or "no message")
+        me["seconds"] = round(time.monotonic() - started, 2)
+        reports = finish_downstream(down, down_err, next_hosts) if down else []
+    return [me, *reports]
+
+
+def main():
+    source_b64 = sys.argv[1]
+    spec = json.loads(base64.b64decode(sys.argv[2]))
+    reports = relay(spec, sys.stdin.buffer, source_b64)
+    sys.stdout.write(json.dumps(reports) + "\n")
+    sys.stdout.flush()
+
+
+# The head's side -------------------------------------------------------------------------------------
+
+
+def own_source():
+    """This file's text, to send to each hop (a module's module_utils sit in a zip: ask the loader)."""
+    return inspect.getsource(sys.modules[__name__])
+
+
+def known_host_lines(ssh_keygen, known_hosts, addresses):
+    """{address: [known_hosts lines]} from the head's file (hashed entries too), for the hops' checks."""
+    lines = {}
+    for address in addresses:
+        found = subprocess.run([ssh_keygen, "-F", address, "-f", known_hosts], capture_output=True, check=False)
+        text = found.stdout.decode("utf-8", "replace")
+        lines[address] = [line for line in text.splitlines() if line and not line.startswith("#")]
+    return lines
+
+
+class Agent:
+    """A private ssh-agent holding the head's key for the copy's length: forwarded, never copied."""
+
+    def __init__(self, agent, add, key, workdir):
+        self.sock = os.path.join(workdir, "agent.sock")
+        self.proc = subprocess.Popen([agent, "-D", "-a", self.sock], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.sock) and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not os.path.exists(self.sock):
+            self.stop()
+            raise RuntimeError("ssh-agent did not start (%s)" % self.proc.stderr.read().decode("utf-8", "replace"))
+        added = subprocess.run([add, "-q", key], env=self.env(), capture_output=True, check=False)
+        if added.returncode != 0:
+            self.stop()
+            raise RuntimeError("ssh-add %s failed: %s" % (key, added.stderr.decode("utf-8", "replace").strip()))
+
+    def env(self):
+        return dict(os.environ, SSH_AUTH_SOCK=self.sock, LC_ALL="C")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+
+
+def send(path, hops, files, *, bins, user, key, known_hosts, connect_timeout=5):
+    """Stream `files` of `path` down the chain `hops`; one report per hop (host, ok, bytes, files, seconds, error)."""
+    common = dict(
+        user=user,
+        known_hosts=known_host_lines(
+            bins["ssh-keygen"],
+            known_hosts or os.path.expanduser("~/.ssh/known_hosts"),
+            [h["address"] for h in hops[1:]],
+        ),
+        connect_timeout=connect_timeout,
+    )
+    spec = dict(hop_spec(hops), **common)
+    source_b64 = encode(own_source().encode("utf-8"))
+    with tempfile.TemporaryDirectory(prefix="dgx-spark-chain-") as workdir, contextlib.ExitStack() as stack:
+        agent = Agent(bins["ssh-agent"], bins["ssh-add"], key, workdir)
+        try:
+            listing = os.path.join(workdir, "files")
+            with open(listing, "w", encoding="utf-8") as handle:
+                handle.write("".join(p + "\n" for p in files))
+            tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
+            argv = [bins["tar"], "-c", "-f", "-", "-C", path, "-T", listing]
+            tar = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=tar_err, env=agent.env())
+            argv = [bins["ssh"], "-A", "-T", "-i", key, "-o", "IdentitiesOnly=yes", *SSH_OPTIONS]
+            argv += ["-o", "ConnectTimeout=%d" % connect_timeout, "-o", "StrictHostKeyChecking=accept-new"]
+            argv += ["-o", "UserKnownHostsFile=%s" % known_hosts] if known_hosts else []
+            argv += [destination(user, hops[0]["address"]), hop_command(source_b64, spec)]
+            ssh_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
+            first = subprocess.Popen(argv, stdin=tar.stdout, stdout=subprocess.PIPE, stderr=ssh_err, env=agent.env())
+            tar.stdout.close()
+            reports = finish_downstream(first, ssh_err, [h["host"] for h in hops])
+            tar_err.seek(0)
+            problem = tar_err.read().decode("utf-8", "replace").strip()
+            tar_rc = tar.wait()
+        finally:
+            agent.stop()
+    tar_error = "" if tar_rc == 0 else "tar -c of %s failed (rc %d): %s" % (path, tar_rc, problem)
+    return dict(reports=reports, tar_error=tar_error)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3:
+    main()

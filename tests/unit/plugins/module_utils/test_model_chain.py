@@ -1,0 +1,167 @@
+"""_model_chain: the pipelined chain copy, run as real processes (tar, ssh-agent, ssh-add, python3 relays).
+
+Only ssh is a stand-in: `ssh` on PATH runs the remote command here, under the hop's own directory, and
+logs its argv, so each hop's relay, tar and agent forwarding check are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+
+import pytest
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _model_chain
+
+FAKE_SSH = r"""#!/usr/bin/env python3
+import json, os, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_SSH_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\n")
+dest = args[-2]
+if dest in os.environ.get("FAKE_SSH_DOWN", "").split(","):
+    sys.stderr.write("ssh: connect to host %s port 22: No route to host\n" % dest.split("@")[1])
+    sys.exit(255)
+if "-A" not in args or "SSH_AUTH_SOCK" not in os.environ:
+    sys.stderr.write("no agent to forward\n")
+    sys.exit(255)
+sys.exit(subprocess.call(["/bin/sh", "-c", args[-1]]))
+"""
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ssh = bindir / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(ssh.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+    monkeypatch.setenv("FAKE_SSH_LOG", str(tmp_path / "ssh.log"))
+    key = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    known = tmp_path / "known_hosts"
+    known.write_text("10.0.0.3 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfNodeThree\n")
+    source = tmp_path / "head"
+    (source / "sub").mkdir(parents=True)
+    for index in range(4):
+        (source / ("model-%d.safetensors" % index)).write_bytes(os.urandom(300_000 + index))
+    (source / "config.json").write_text('{"model_type": "lab"}')
+    (source / "sub" / "tokenizer.json").write_text("{}")
+    bins = {name: name for name in ("ssh", "ssh-agent", "ssh-add", "ssh-keygen", "tar")}
+    return dict(tmp=tmp_path, key=str(key), known=str(known), source=str(source), bins=bins)
+
+
+def entries(path):
+    return _model.manifest(path, "sample")[0]
+
+
+def targets(lab, names, manifests=None):
+    manifests = manifests or {}
+    out = []
+    for index, name in enumerate(names):
+        path = lab["tmp"] / name
+        out.append(dict(host=name, address="10.0.0.%d" % (index + 2), path=str(path), manifest=manifests.get(name)))
+    return out
+
+
+def send(lab, hops, files):
+    return _model_chain.send(
+        lab["source"], hops, files, bins=lab["bins"], user="root", key=lab["key"], known_hosts=lab["known"]
+    )
+
+
+def ssh_log(lab):
+    with open(lab["tmp"] / "ssh.log") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_three_workers_get_the_head_files_and_each_is_sent_one_copy(lab):
+    head = entries(lab["source"])
+    hops, files = _model_chain.plan(head, targets(lab, ["w1", "w2", "w3"]))
+    result = send(lab, hops, files)
+    assert result["tar_error"] == ""
+    reports = result["reports"]
+    assert [r["host"] for r in reports] == ["w1", "w2", "w3"]
+    assert all(r["ok"] for r in reports), [r["error"] for r in reports]
+    assert len({r["bytes"] for r in reports}) == 1 and reports[0]["bytes"] > sum(e["size"] for e in head)
+    for hop in hops:
+        assert _model.manifest(hop["path"], "sample")[1] == _model.manifest(lab["source"], "sample")[1]
+    calls = ssh_log(lab)
+    # The head connects to w1 with its key; each worker to the next through the forwarded agent only.
+    assert [c[-2] for c in calls] == ["root@10.0.0.2", "root@10.0.0.3", "root@10.0.0.4"]
+    assert "-i" in calls[0] and all("-i" not in c for c in calls[1:])
+    # w1 -> w2 checks the host key the head knows for 10.0.0.3; 10.0.0.4 is unknown there: first use.
+    assert "StrictHostKeyChecking=yes" in calls[1] and "StrictHostKeyChecking=accept-new" in calls[2]
+
+
+def test_a_worker_that_lacks_one_file_writes_only_that_one(lab):
+    head = entries(lab["source"])
+    partial = lab["tmp"] / "w2"
+    subprocess.run(["cp", "-a", lab["source"] + "/.", str(partial)], check=True)
+    (partial / "model-2.safetensors").write_bytes(b"cut short")
+    before = {e["path"]: e for e in entries(str(partial))}
+    w2_manifest = entries(str(partial))
+    hops, files = _model_chain.plan(head, targets(lab, ["w1", "w2"], {"w2": w2_manifest}))
+    assert [h["extract"] for h in hops] == [[e["path"] for e in head], ["model-2.safetensors"]]
+    result = send(lab, hops, files)
+    assert all(r["ok"] for r in result["reports"]), result
+    after = {e["path"]: e for e in entries(str(partial))}
+    assert after == {e["path"]: e for e in head}
+    assert before["model-1.safetensors"] == after["model-1.safetensors"]
+
+
+def test_an_older_revision_s_extra_shard_is_removed_and_nothing_else_written(lab):
+    head = entries(lab["source"])
+    older = lab["tmp"] / "w1"
+    subprocess.run(["cp", "-a", lab["source"] + "/.", str(older)], check=True)
+    (older / "model-9.safetensors").write_bytes(b"an older revision's shard")
+    (older / ".cache").mkdir()
+    (older / ".cache" / "hub-lock").write_text("")
+    hops, files = _model_chain.plan(head, targets(lab, ["w1"], {"w1": entries(str(older))}))
+    assert hops[0]["extract"] == [] and hops[0]["remove"] == ["model-9.safetensors"] and files == []
+    (report,) = send(lab, hops, files)["reports"]
+    assert report["ok"], report
+    assert _model.manifest(str(older), "sample")[1] == _model.manifest(lab["source"], "sample")[1]
+    assert (older / ".cache" / "hub-lock").exists()
+
+
+def test_a_converged_worker_is_left_out_of_the_chain(lab):
+    head = entries(lab["source"])
+    hops, files = _model_chain.plan(head, [dict(host="w1", address="a", path="/x", manifest=head)])
+    assert hops == [] and files == []
+
+
+def test_an_unreachable_worker_is_named_and_the_ones_after_it_not_reached(lab, monkeypatch):
+    monkeypatch.setenv("FAKE_SSH_DOWN", "root@10.0.0.3")
+    hops, files = _model_chain.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3"]))
+    reports = send(lab, hops, files)["reports"]
+    assert reports[0]["ok"] and not reports[1]["ok"] and not reports[2]["ok"]
+    assert "the stream to w2 ended (ssh rc 255)" in reports[1]["error"]
+    assert "No route to host" in reports[1]["error"]
+    assert reports[2]["error"] == "not reached: the stream to w2 ended"
+
+
+def test_a_worker_that_cannot_write_fails_alone_and_passes_the_stream_on(lab):
+    hops, files = _model_chain.plan(entries(lab["source"]), targets(lab, ["w1", "w2"]))
+    (lab["tmp"] / "w1").write_text("a file where the model directory should be")
+    reports = send(lab, hops, files)["reports"]
+    assert not reports[0]["ok"] and reports[0]["error"].startswith("cannot write %s/w1: " % lab["tmp"])
+    assert reports[1]["ok"] and reports[1]["bytes"] == reports[0]["bytes"] > 0
+
+
+def test_a_stream_cut_short_fails_the_hop_with_tar_saying_so(lab, tmp_path):
+    archive = subprocess.run(["tar", "-c", "-f", "-", "-C", lab["source"], "."], capture_output=True, check=True)
+    spec = dict(host="w1", path=str(tmp_path / "cut"), extract=["./config.json"], remove=[], next=[], rest=[])
+
+    class Cut:
+        def __init__(self, data):
+            self.data = data
+
+        def read(self, size):
+            chunk, self.data = self.data[:size], self.data[size:]
+            return chunk
+
+    (report,) = _model_chain.relay(spec, Cut(archive.stdout[:700]), "")
+    assert not report["ok"] and "tar -x into" in report["error"] and report["bytes"] == 700
