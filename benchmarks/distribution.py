@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,6 @@ from datetime import UTC, datetime
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 INVENTORY = os.path.join(BENCH, "distribution", "inventory")
-VENV_BIN = os.path.join(ROOT, ".venv", "bin")
 sys.path.insert(0, os.path.join(ROOT, "tests", "faults"))
 os.environ.setdefault("DGX_SPARK_LAB_INVENTORY", INVENTORY)
 import labkit  # noqa: E402 - the path above first
@@ -74,11 +72,7 @@ def log(msg):
     sys.stderr.write("%s %s\n" % (time.strftime("%H:%M:%S"), msg))
 
 
-def node(name, *argv, check=True):
-    proc = subprocess.run(["docker", "exec", name, *argv], capture_output=True, text=True, check=False)
-    if check and proc.returncode != 0:
-        raise SystemExit("%s: %s failed: %s" % (name, " ".join(argv), proc.stderr.strip()))
-    return proc.stdout
+node = labkit.node
 
 
 def shape(rate_mbit):
@@ -110,22 +104,17 @@ def tx_bytes():
 
 def deploy(*extra):
     with tempfile.TemporaryDirectory() as tmp:
+        timer = os.path.join(tmp, "timer.json")
         env = dict(
-            os.environ,
-            ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, "build", "collections"),
             ANSIBLE_CALLBACK_PLUGINS=os.path.join(BENCH, "callback_plugins"),
             ANSIBLE_CALLBACKS_ENABLED="bench_timer",
-            BENCH_TIMER_OUT=os.path.join(tmp, "timer.json"),
-            ANSIBLE_NOCOLOR="1",
+            BENCH_TIMER_OUT=timer,
         )
-        argv = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", INVENTORY, os.path.join(ROOT, "deploy-qwen35.yml")]
-        started = time.time()
-        proc = subprocess.run([*argv, *extra], capture_output=True, text=True, env=env, cwd=ROOT, check=False)
-        wall = time.time() - started
-        if proc.returncode != 0:
-            raise RuntimeError("deploy %s: rc %d\n%s" % (" ".join(extra), proc.returncode, proc.stdout[-3000:]))
-        with open(env["BENCH_TIMER_OUT"], encoding="utf-8") as handle:
-            return json.load(handle), wall
+        res = labkit.playbook(labkit.DEPLOY, *extra, timeout=900, inventory=INVENTORY, extra_env=env)
+        if res.rc != 0:
+            raise RuntimeError("deploy %s: rc %s\n%s" % (" ".join(extra), res.rc, res.out[-3000:]))
+        with open(timer, encoding="utf-8") as handle:
+            return json.load(handle), res.seconds
 
 
 def copy_task(timer):

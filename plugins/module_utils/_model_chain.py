@@ -71,12 +71,21 @@ def hop_spec(hops, index=0):
     hop = hops[index]
     return dict(
         host=hop["host"],
+        address=hop["address"],
         path=hop["path"],
         extract=hop["extract"],
         remove=hop["remove"],
-        next=[dict(host=h["host"], address=h["address"]) for h in hops[index + 1 :]],
         rest=[hop_spec(hops, index + 1)] if index + 1 < len(hops) else [],
     )
+
+
+def hosts_after(spec):
+    """The hosts the stream goes on to from this hop, in order."""
+    names, level = [], spec["rest"]
+    while level:
+        names.append(level[0]["host"])
+        level = level[0]["rest"]
+    return names
 
 
 # Settings every hop shares, sent once per hop rather than nested in each level.
@@ -84,6 +93,7 @@ COMMON = ("user", "known_hosts", "connect_timeout")
 
 
 def destination(user, address):
+    # The relay runs alone on a worker (no _ssh there); ssh, unlike rsync, takes an IPv6 address bare.
     return "%s@%s" % (user, address)
 
 
@@ -111,16 +121,15 @@ def finish_downstream(down, err_file, next_hosts):
 
 def start_downstream(spec, source_b64, ssh, workdir, err_file):
     """ssh to the next hop, with the head's host keys for its address and the forwarded agent."""
-    nxt = spec["next"][0]
     rest = dict(spec["rest"][0], **{key: spec[key] for key in COMMON})
-    lines = spec["known_hosts"].get(nxt["address"], [])
+    lines = spec["known_hosts"].get(rest["address"], [])
     known = os.path.join(workdir, "known_hosts")
     with open(known, "w", encoding="utf-8") as handle:
         handle.write("".join(line + "\n" for line in lines))
     argv = [ssh, "-A", "-T", *SSH_OPTIONS, "-o", "ConnectTimeout=%d" % spec["connect_timeout"]]
     argv += ["-o", "UserKnownHostsFile=%s" % known]
     argv += ["-o", "StrictHostKeyChecking=%s" % ("yes" if lines else "accept-new")]
-    argv += [destination(spec["user"], nxt["address"]), hop_command(source_b64, rest)]
+    argv += [destination(spec["user"], rest["address"]), hop_command(source_b64, rest)]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_file)
 
 
@@ -159,11 +168,11 @@ def relay(spec, source, source_b64, ssh="ssh"):
     """Write this hop's files from `source` while passing every byte on; the chain's reports."""
     started = time.monotonic()
     me = dict(host=spec["host"], ok=False, bytes=0, files=len(spec["extract"]), seconds=0.0, error="")
-    next_hosts = [h["host"] for h in spec["next"]]
+    next_hosts = hosts_after(spec)
     with tempfile.TemporaryDirectory(prefix="dgx-spark-relay-") as workdir, contextlib.ExitStack() as stack:
         down_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
         tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
-        down = start_downstream(spec, source_b64, ssh, workdir, down_err) if spec["next"] else None
+        down = start_downstream(spec, source_b64, ssh, workdir, down_err) if spec["rest"] else None
         try:
             tar = start_extract(spec, workdir, tar_err)
         except OSError as exc:
@@ -227,13 +236,13 @@ class Agent:
 
     def __init__(self, agent, add, key, workdir):
         self.sock = os.path.join(workdir, "agent.sock")
-        self.proc = subprocess.Popen([agent, "-D", "-a", self.sock], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 10
-        while not os.path.exists(self.sock) and self.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if not os.path.exists(self.sock):
+        argv = [agent, "-D", "-a", self.sock]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # It prints its SSH_AUTH_SOCK line once it listens (or its error, and exits).
+        said = self.proc.stdout.readline().decode("utf-8", "replace").strip()
+        if not said.startswith("SSH_AUTH_SOCK="):
             self.stop()
-            raise RuntimeError("ssh-agent did not start (%s)" % self.proc.stderr.read().decode("utf-8", "replace"))
+            raise RuntimeError("ssh-agent did not start (%s)" % (said or "rc %s" % self.proc.poll()))
         added = subprocess.run([add, "-q", key], env=self.env(), capture_output=True, check=False)
         if added.returncode != 0:
             self.stop()
@@ -248,8 +257,10 @@ class Agent:
             self.proc.wait()
 
 
-def send(path, hops, files, *, bins, user, key, known_hosts, connect_timeout=5):
-    """Stream `files` of `path` down the chain `hops`; one report per hop (host, ok, bytes, files, seconds, error)."""
+def send(path, hops, files, *, bins, ssh_argv, user, key, known_hosts, connect_timeout=5):
+    """Stream `files` of `path` down the chain `hops`; one report per hop (host, ok, bytes, files, seconds, error).
+
+    ssh_argv: the head's ssh command line up to the destination (_ssh.client_argv, as the rsync copy uses)."""
     common = dict(
         user=user,
         known_hosts=known_host_lines(
@@ -270,9 +281,7 @@ def send(path, hops, files, *, bins, user, key, known_hosts, connect_timeout=5):
             tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
             argv = [bins["tar"], "-c", "-f", "-", "-C", path, "-T", listing]
             tar = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=tar_err, env=agent.env())
-            argv = [bins["ssh"], "-A", "-T", "-i", key, "-o", "IdentitiesOnly=yes", *SSH_OPTIONS]
-            argv += ["-o", "ConnectTimeout=%d" % connect_timeout, "-o", "StrictHostKeyChecking=accept-new"]
-            argv += ["-o", "UserKnownHostsFile=%s" % known_hosts] if known_hosts else []
+            argv = [*ssh_argv, "-A", "-T", *SSH_OPTIONS]
             argv += [destination(user, hops[0]["address"]), hop_command(source_b64, spec)]
             ssh_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
             first = subprocess.Popen(argv, stdin=tar.stdout, stdout=subprocess.PIPE, stderr=ssh_err, env=agent.env())

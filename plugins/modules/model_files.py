@@ -340,6 +340,7 @@ class ModelFiles:
                 hops,
                 files,
                 bins=bins,
+                ssh_argv=self.ssh_argv(bins["ssh"]),
                 user=self.p["ssh_user"],
                 key=self.p["ssh_key"],
                 known_hosts=self.p["ssh_known_hosts"],
@@ -368,12 +369,16 @@ class ModelFiles:
                 **self.result,
             )
 
+    def ssh_argv(self, ssh):
+        """This node's ssh to the targets: the key alone; new host keys accepted and recorded."""
+        return _ssh.client_argv(ssh, self.p["ssh_key"], self.p["ssh_known_hosts"], accept_new=True)
+
     def sync(self, target):
         dest = target.get("path") or self.p["path"]
         record = dict(host=target["host"], address=target["address"], changed=False, seconds=0.0, files=0)
         self.result["synced"].append(record)
         rsync = self.module.get_bin_path("rsync", required=True)
-        ssh = _ssh.client_argv("ssh", self.p["ssh_key"], self.p["ssh_known_hosts"], accept_new=True)
+        ssh = self.ssh_argv("ssh")
         # --delete: an older revision's shards would leave the manifests unequal for good.
         argv = [rsync, "-a", "--partial", "--mkpath", "--delete", "--itemize-changes", "-e", " ".join(ssh)]
         argv += ["--exclude=/%s" % name for name in sorted(_model.SKIP_DIRS)]

@@ -12,7 +12,7 @@ import stat
 import subprocess
 
 import pytest
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _model_chain
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _model_chain, _ssh
 
 FAKE_SSH = r"""#!/usr/bin/env python3
 import json, os, subprocess, sys
@@ -67,8 +67,16 @@ def targets(lab, names, manifests=None):
 
 
 def send(lab, hops, files):
+    ssh_argv = _ssh.client_argv("ssh", lab["key"], lab["known"], accept_new=True)
     return _model_chain.send(
-        lab["source"], hops, files, bins=lab["bins"], user="root", key=lab["key"], known_hosts=lab["known"]
+        lab["source"],
+        hops,
+        files,
+        bins=lab["bins"],
+        ssh_argv=ssh_argv,
+        user="root",
+        key=lab["key"],
+        known_hosts=lab["known"],
     )
 
 
@@ -153,7 +161,7 @@ def test_a_worker_that_cannot_write_fails_alone_and_passes_the_stream_on(lab):
 
 def test_a_stream_cut_short_fails_the_hop_with_tar_saying_so(lab, tmp_path):
     archive = subprocess.run(["tar", "-c", "-f", "-", "-C", lab["source"], "."], capture_output=True, check=True)
-    spec = dict(host="w1", path=str(tmp_path / "cut"), extract=["./config.json"], remove=[], next=[], rest=[])
+    spec = dict(host="w1", address="", path=str(tmp_path / "cut"), extract=["./config.json"], remove=[], rest=[])
 
     class Cut:
         def __init__(self, data):

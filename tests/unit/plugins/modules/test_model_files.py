@@ -174,7 +174,7 @@ def fake_chain(monkeypatch, fail_host=None):
     """The chain's transport (run for real in test_model_chain.py); here what the module asks of it."""
     calls = []
 
-    def send(path, hops, files, *, bins, user, key, known_hosts, connect_timeout=5):
+    def send(path, hops, files, *, bins, ssh_argv, user, key, known_hosts, connect_timeout=5):
         calls.append(dict(path=path, hops=hops, files=files, user=user, key=key))
         reports = []
         for hop in hops:
