@@ -7,6 +7,8 @@ files it lacks and passes the same bytes on to the next worker over SSH as they 
 sends one copy whatever the number of workers, and the last worker ends about one hop's latency after
 the first. Worker-to-worker SSH uses the head's key through agent forwarding (no key is copied to a
 worker) and the head's known host keys, passed along in the hop's spec (nothing learned on first use).
+Each hop's spec reaches it as the first line of its stdin, before the tar stream: a command line holds at
+most 128 KiB, and a spec for hundreds of files and several hops is larger.
 
 This file is also the relay. The head sends this file's own source to each hop (`python3 -c`), so a
 worker needs python3, tar and ssh only. Keep it standard-library only.
@@ -28,6 +30,11 @@ CHUNK = 1 << 20
 # What the head runs (the hops need python3, tar and ssh).
 BINARIES = ("ssh", "ssh-agent", "ssh-add", "ssh-keygen", "tar")
 BOOT = 'import base64,sys;exec(compile(base64.b64decode(sys.argv[1]),"dgx_spark_model_relay","exec"))'
+# The forwarded key is needed only while the hops connect (all do at the start): it leaves the agent after
+# this long even if the module is killed before it stops the agent.
+KEY_SECONDS_BASE, KEY_SECONDS_PER_HOP = 60, 15
+# tar reads the names NUL-separated and never as options (a file named "-C" or holding a newline).
+NAME_LIST = ["--null", "--verbatim-files-from", "-T"]
 # Detects a hop whose link or node died mid-stream instead of waiting on it forever.
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
 
@@ -61,9 +68,31 @@ def encode(value):
     return base64.b64encode(value if isinstance(value, bytes) else json.dumps(value).encode("utf-8")).decode("ascii")
 
 
-def hop_command(source_b64, spec):
-    """The remote command line for one hop: this file's source and the hop's spec, base64 (no quoting)."""
-    return "python3 -c '%s' %s %s" % (BOOT, source_b64, encode(spec))
+def hop_command(source_b64):
+    """The remote command line for one hop: this file's source, base64 (no quoting); the spec comes on stdin."""
+    return "python3 -c '%s' %s" % (BOOT, source_b64)
+
+
+def header(spec):
+    """The hop's spec as one line (JSON escapes any newline in a name), sent ahead of the tar stream."""
+    return json.dumps(spec).encode("utf-8") + b"\n"
+
+
+def write_all(fd, data):
+    """False when the reader is gone (the ssh before it died)."""
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+        return True
+    except OSError:
+        return False
+
+
+def name_list(workdir, paths):
+    listing = os.path.join(workdir, "files")
+    with open(listing, "wb") as handle:
+        handle.write(b"".join(path.encode("utf-8") + b"\0" for path in paths))
+    return listing
 
 
 def hop_spec(hops, index=0):
@@ -120,17 +149,16 @@ def finish_downstream(down, err_file, next_hosts):
 
 
 def start_downstream(spec, source_b64, ssh, workdir, err_file):
-    """ssh to the next hop, with the head's host keys for its address and the forwarded agent."""
+    """ssh to the next hop, with the head's host keys for its address and the forwarded agent; its spec sent."""
     rest = dict(spec["rest"][0], **{key: spec[key] for key in COMMON})
-    lines = spec["known_hosts"].get(rest["address"], [])
     known = os.path.join(workdir, "known_hosts")
     with open(known, "w", encoding="utf-8") as handle:
-        handle.write("".join(line + "\n" for line in lines))
+        handle.write("".join(line + "\n" for line in spec["known_hosts"].get(rest["address"], [])))
     argv = [ssh, "-A", "-T", *SSH_OPTIONS, "-o", "ConnectTimeout=%d" % spec["connect_timeout"]]
-    argv += ["-o", "UserKnownHostsFile=%s" % known]
-    argv += ["-o", "StrictHostKeyChecking=%s" % ("yes" if lines else "accept-new")]
-    argv += [destination(spec["user"], rest["address"]), hop_command(source_b64, rest)]
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_file)
+    argv += ["-o", "UserKnownHostsFile=%s" % known, "-o", "StrictHostKeyChecking=yes"]
+    argv += [destination(spec["user"], rest["address"]), hop_command(source_b64)]
+    down = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_file)
+    return down, write(down.stdin, header(rest))
 
 
 def remove_extra(spec):
@@ -148,10 +176,8 @@ def start_extract(spec, workdir, err_file):
     remove_extra(spec)
     if not spec["extract"]:
         return None
-    listing = os.path.join(workdir, "files")
-    with open(listing, "w", encoding="utf-8") as handle:
-        handle.write("".join(path + "\n" for path in spec["extract"]))
-    argv = ["tar", "-x", "-f", "-", "-C", spec["path"], "--no-same-owner", "-T", listing]
+    listing = name_list(workdir, spec["extract"])
+    argv = ["tar", "-x", "-f", "-", "-C", spec["path"], "--no-same-owner", *NAME_LIST, listing]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=err_file)
 
 
@@ -172,21 +198,21 @@ def relay(spec, source, source_b64, ssh="ssh"):
     with tempfile.TemporaryDirectory(prefix="dgx-spark-relay-") as workdir, contextlib.ExitStack() as stack:
         down_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
         tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
-        down = start_downstream(spec, source_b64, ssh, workdir, down_err) if spec["rest"] else None
+        down, down_open = start_downstream(spec, source_b64, ssh, workdir, down_err) if spec["rest"] else (None, False)
         try:
             tar = start_extract(spec, workdir, tar_err)
         except OSError as exc:
             tar, me["error"] = None, "cannot write %s: %s" % (spec["path"], exc)
         else:
             me["ok"] = tar is None
-        down_open = down is not None
         tar_open = tar is not None
         while True:
             chunk = source.read(CHUNK)
             if not chunk:
                 break
             me["bytes"] += len(chunk)
-            # Downstream first: the next node's copy does not wait on this node's disk.
+            # Downstream first, so the next node starts on a chunk before this disk takes it (the writes are in
+            # turn: a disk slower than the link here holds the rest back too).
             down_open = down_open and write(down.stdin, chunk)
             tar_open = tar_open and write(tar.stdin, chunk)
         for proc in (tar, down):
@@ -207,7 +233,7 @@ def relay(spec, source, source_b64, ssh="ssh"):
 
 def main():
     source_b64 = sys.argv[1]
-    spec = json.loads(base64.b64decode(sys.argv[2]))
+    spec = json.loads(sys.stdin.buffer.readline())
     reports = relay(spec, sys.stdin.buffer, source_b64)
     sys.stdout.write(json.dumps(reports) + "\n")
     sys.stdout.flush()
@@ -221,20 +247,25 @@ def own_source():
     return inspect.getsource(sys.modules[__name__])
 
 
-def known_host_lines(ssh_keygen, known_hosts, addresses):
-    """{address: [known_hosts lines]} from the head's file (hashed entries too), for the hops' checks."""
+GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+
+
+def known_host_lines(ssh_keygen, known_hosts_files, addresses):
+    """{address: [known_hosts lines]} from the head's files (hashed entries too), for the hops' checks."""
     lines = {}
     for address in addresses:
-        found = subprocess.run([ssh_keygen, "-F", address, "-f", known_hosts], capture_output=True, check=False)
-        text = found.stdout.decode("utf-8", "replace")
-        lines[address] = [line for line in text.splitlines() if line and not line.startswith("#")]
+        lines[address] = []
+        for known_hosts in filter(os.path.isfile, known_hosts_files):
+            found = subprocess.run([ssh_keygen, "-F", address, "-f", known_hosts], capture_output=True, check=False)
+            text = found.stdout.decode("utf-8", "replace")
+            lines[address] += [line for line in text.splitlines() if line and not line.startswith("#")]
     return lines
 
 
 class Agent:
     """A private ssh-agent holding the head's key for the copy's length: forwarded, never copied."""
 
-    def __init__(self, agent, add, key, workdir):
+    def __init__(self, agent, add, key, workdir, seconds):
         self.sock = os.path.join(workdir, "agent.sock")
         argv = [agent, "-D", "-a", self.sock]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -243,7 +274,7 @@ class Agent:
         if not said.startswith("SSH_AUTH_SOCK="):
             self.stop()
             raise RuntimeError("ssh-agent did not start (%s)" % (said or "rc %s" % self.proc.poll()))
-        added = subprocess.run([add, "-q", key], env=self.env(), capture_output=True, check=False)
+        added = subprocess.run([add, "-q", "-t", str(seconds), key], env=self.env(), capture_output=True, check=False)
         if added.returncode != 0:
             self.stop()
             raise RuntimeError("ssh-add %s failed: %s" % (key, added.stderr.decode("utf-8", "replace").strip()))
@@ -257,44 +288,66 @@ class Agent:
             self.proc.wait()
 
 
+def unknown_hosts(hops, known_hosts):
+    """The relayed hops whose address the head has no host key for: their relays would have to trust on first use."""
+    return ["%s (%s)" % (h["host"], h["address"]) for h in hops[1:] if not known_hosts.get(h["address"])]
+
+
 def send(path, hops, files, *, bins, ssh_argv, user, key, known_hosts, connect_timeout=5):
     """Stream `files` of `path` down the chain `hops`; one report per hop (host, ok, bytes, files, seconds, error).
 
-    ssh_argv: the head's ssh command line up to the destination (_ssh.client_argv, as the rsync copy uses)."""
-    common = dict(
-        user=user,
-        known_hosts=known_host_lines(
-            bins["ssh-keygen"],
-            known_hosts or os.path.expanduser("~/.ssh/known_hosts"),
-            [h["address"] for h in hops[1:]],
-        ),
-        connect_timeout=connect_timeout,
-    )
-    spec = dict(hop_spec(hops), **common)
+    ssh_argv: the head's ssh command line up to the destination (_ssh.client_argv, as the rsync copy uses).
+    Raises RuntimeError, before anything starts, when the head knows no host key for a relayed hop."""
+    files_known = [known_hosts or os.path.expanduser("~/.ssh/known_hosts"), GLOBAL_KNOWN_HOSTS]
+    lines = known_host_lines(bins["ssh-keygen"], files_known, [h["address"] for h in hops[1:]])
+    unknown = unknown_hosts(hops, lines)
+    if unknown:
+        raise RuntimeError(
+            "no host key for %s in %s: a worker passes the stream on only to a host key the head knows. Run the "
+            "preflight stage (it records each worker's host key on the head) or set model_sync_topology: star"
+            % (", ".join(unknown), " or ".join(files_known))
+        )
+    spec = dict(hop_spec(hops), user=user, known_hosts=lines, connect_timeout=connect_timeout)
     source_b64 = encode(own_source().encode("utf-8"))
     with tempfile.TemporaryDirectory(prefix="dgx-spark-chain-") as workdir, contextlib.ExitStack() as stack:
-        agent = Agent(bins["ssh-agent"], bins["ssh-add"], key, workdir)
-        try:
-            listing = os.path.join(workdir, "files")
-            with open(listing, "w", encoding="utf-8") as handle:
-                handle.write("".join(p + "\n" for p in files))
-            tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
-            argv = [bins["tar"], "-c", "-f", "-", "-C", path, "-T", listing]
-            tar = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=tar_err, env=agent.env())
-            argv = [*ssh_argv, "-A", "-T", *SSH_OPTIONS]
-            argv += [destination(user, hops[0]["address"]), hop_command(source_b64, spec)]
-            ssh_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
-            first = subprocess.Popen(argv, stdin=tar.stdout, stdout=subprocess.PIPE, stderr=ssh_err, env=agent.env())
-            tar.stdout.close()
-            reports = finish_downstream(first, ssh_err, [h["host"] for h in hops])
-            tar_err.seek(0)
-            problem = tar_err.read().decode("utf-8", "replace").strip()
-            tar_rc = tar.wait()
-        finally:
-            agent.stop()
+        seconds = KEY_SECONDS_BASE + KEY_SECONDS_PER_HOP * len(hops)
+        agent = Agent(bins["ssh-agent"], bins["ssh-add"], key, workdir, seconds)
+        stack.callback(agent.stop)
+        tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
+        ssh_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
+        ssh = [*ssh_argv, "-A", "-T", *SSH_OPTIONS, destination(user, hops[0]["address"]), hop_command(source_b64)]
+        tar = [bins["tar"], "-c", "-f", "-", "-C", path, *NAME_LIST, name_list(workdir, files)]
+        first, tar = start_first(ssh, tar, header(spec), env=agent.env(), errors=(ssh_err, tar_err))
+        reports = finish_downstream(first, ssh_err, [h["host"] for h in hops])
+        tar_rc = tar.wait() if tar else 0
+        tar_err.seek(0)
+        problem = tar_err.read().decode("utf-8", "replace").strip()
     tar_error = "" if tar_rc == 0 else "tar -c of %s failed (rc %d): %s" % (path, tar_rc, problem)
     return dict(reports=reports, tar_error=tar_error)
 
 
-if __name__ == "__main__" and len(sys.argv) == 3:
+def start_first(ssh_argv, tar_argv, spec_line, *, env, errors):
+    """The first hop's ssh fed the spec line, then tar's stream, on one pipe: (ssh, tar; None when ssh died first)."""
+    ssh_err, tar_err = errors
+    read_end, write_end = os.pipe()
+    try:
+        first = subprocess.Popen(ssh_argv, stdin=read_end, stdout=subprocess.PIPE, stderr=ssh_err, env=env)
+    except OSError:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    try:
+        if not write_all(write_end, spec_line):
+            return first, None
+        return first, subprocess.Popen(tar_argv, stdout=write_end, stderr=tar_err)
+    except OSError:
+        first.kill()
+        first.wait()
+        raise
+    finally:
+        os.close(write_end)
+
+
+if __name__ == "__main__" and len(sys.argv) == 2:
     main()

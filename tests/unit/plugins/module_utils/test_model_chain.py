@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 
 import pytest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _model_chain, _ssh
@@ -17,8 +18,11 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _mod
 FAKE_SSH = r"""#!/usr/bin/env python3
 import json, os, subprocess, sys
 args = sys.argv[1:]
+known = [a.split("=", 1)[1] for a in args if a.startswith("UserKnownHostsFile=")]
+with open(known[-1]) as handle:
+    known_text = handle.read()
 with open(os.environ["FAKE_SSH_LOG"], "a") as log:
-    log.write(json.dumps(args) + "\n")
+    log.write(json.dumps(dict(argv=args, known=known_text)) + "\n")
 dest = args[-2]
 if dest in os.environ.get("FAKE_SSH_DOWN", "").split(","):
     sys.stderr.write("ssh: connect to host %s port 22: No route to host\n" % dest.split("@")[1])
@@ -42,7 +46,10 @@ def lab(tmp_path, monkeypatch):
     key = tmp_path / "key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     known = tmp_path / "known_hosts"
-    known.write_text("10.0.0.3 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfNodeThree\n")
+    known.write_text(
+        "10.0.0.3 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfNodeThree\n"
+        "10.0.0.4 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfNodeFour\n"
+    )
     source = tmp_path / "head"
     (source / "sub").mkdir(parents=True)
     for index in range(4):
@@ -89,7 +96,7 @@ def test_three_workers_get_the_head_files_and_each_is_sent_one_copy(lab):
     head = entries(lab["source"])
     hops, files = _model_chain.plan(head, targets(lab, ["w1", "w2", "w3"]))
     result = send(lab, hops, files)
-    assert result["tar_error"] == ""
+    assert result["tar_error"] == "", result["reports"][0]["error"]
     reports = result["reports"]
     assert [r["host"] for r in reports] == ["w1", "w2", "w3"]
     assert all(r["ok"] for r in reports), [r["error"] for r in reports]
@@ -97,11 +104,54 @@ def test_three_workers_get_the_head_files_and_each_is_sent_one_copy(lab):
     for hop in hops:
         assert _model.manifest(hop["path"], "sample")[1] == _model.manifest(lab["source"], "sample")[1]
     calls = ssh_log(lab)
+    argvs = [c["argv"] for c in calls]
     # The head connects to w1 with its key; each worker to the next through the forwarded agent only.
-    assert [c[-2] for c in calls] == ["root@10.0.0.2", "root@10.0.0.3", "root@10.0.0.4"]
-    assert "-i" in calls[0] and all("-i" not in c for c in calls[1:])
-    # w1 -> w2 checks the host key the head knows for 10.0.0.3; 10.0.0.4 is unknown there: first use.
-    assert "StrictHostKeyChecking=yes" in calls[1] and "StrictHostKeyChecking=accept-new" in calls[2]
+    assert [a[-2] for a in argvs] == ["root@10.0.0.2", "root@10.0.0.3", "root@10.0.0.4"]
+    assert "-i" in argvs[0] and all("-i" not in a for a in argvs[1:])
+    # Each worker checks the next one's host key against the line the head knows for that address, only.
+    assert all("StrictHostKeyChecking=yes" in a for a in argvs[1:])
+    assert [c["known"].split()[0] for c in calls[1:]] == ["10.0.0.3", "10.0.0.4"]
+    assert all(len(c["known"].splitlines()) == 1 for c in calls[1:])
+
+
+def test_a_relayed_worker_whose_host_key_the_head_lacks_is_refused_before_anything_starts(lab):
+    hops, files = _model_chain.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3", "w4"]))
+    with pytest.raises(RuntimeError, match=r"no host key for w4 \(10\.0\.0\.5\) in .*known_hosts"):
+        send(lab, hops, files)
+    assert not (lab["tmp"] / "ssh.log").exists()
+    assert not any((lab["tmp"] / name).exists() for name in ("w1", "w2", "w3", "w4"))
+
+
+def test_a_spec_larger_than_a_command_line_and_odd_names_reach_every_hop(lab):
+    # 1500 names of 100 bytes for 3 hops: the spec is about 480 KB, a command line argument at most 128 KiB.
+    many = os.path.join(lab["source"], "many")
+    os.mkdir(many)
+    for index in range(1500):
+        with open(os.path.join(many, "%s-%04d" % ("n" * 95, index)), "w") as handle:
+            handle.write(str(index))
+    # Names tar would read as an option or as two names from a newline-separated list.
+    for odd in ("-v", "--remove-files", "two\nlines"):
+        with open(os.path.join(lab["source"], odd), "w") as handle:
+            handle.write(odd)
+    hops, files = _model_chain.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3"]))
+    assert len(json.dumps(_model_chain.hop_spec(hops))) > 3 * 128 * 1024
+    result = send(lab, hops, files)
+    assert result["tar_error"] == "" and all(r["ok"] for r in result["reports"]), result
+    for hop in hops:
+        assert _model.manifest(hop["path"], "sample")[1] == _model.manifest(lab["source"], "sample")[1]
+    assert os.path.exists(os.path.join(lab["source"], "-v"))
+
+
+def test_the_forwarded_key_leaves_the_agent_after_its_lifetime(lab):
+    agent = _model_chain.Agent("ssh-agent", "ssh-add", lab["key"], str(lab["tmp"]), 1)
+    try:
+        listed = subprocess.run(["ssh-add", "-l"], env=agent.env(), capture_output=True, text=True, check=False)
+        assert listed.returncode == 0 and "ED25519" in listed.stdout
+        time.sleep(2.5)
+        listed = subprocess.run(["ssh-add", "-l"], env=agent.env(), capture_output=True, text=True, check=False)
+        assert listed.returncode == 1 and "no identities" in listed.stdout
+    finally:
+        agent.stop()
 
 
 def test_a_worker_that_lacks_one_file_writes_only_that_one(lab):
