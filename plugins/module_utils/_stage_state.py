@@ -306,7 +306,9 @@ def probe(module, path, stages, endpoint=None):
                 name=name,
                 converged=converged,
                 reasons=reasons,
-                facts=record.get("facts", {}) if converged and record else {},
+                recorded=record is not None,
+                # A run with --tags of a later stage alone takes these even when this stage is not converged.
+                facts=record.get("facts", {}) if record else {},
             )
         )
     return out, first_run, live.seconds, served

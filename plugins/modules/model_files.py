@@ -196,7 +196,7 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _model_chain, _ssh
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _chain_copy, _model, _ssh
 
 try:
     from huggingface_hub import snapshot_download
@@ -319,7 +319,7 @@ class ModelFiles:
 
     def chain(self, entries):
         targets = [dict(t, path=t.get("path") or self.p["path"]) for t in self.p["sync_to"]]
-        hops, files = _model_chain.plan(entries, targets)
+        hops, files = _chain_copy.plan(entries, targets)
         records = {}
         for target in targets:
             records[target["host"]] = dict(host=target["host"], address=target["address"], changed=False)
@@ -333,17 +333,17 @@ class ModelFiles:
             records[hop["host"]]["removed"] = len(hop["remove"])
         if self.module.check_mode:
             return
-        bins = {name: self.module.get_bin_path(name, required=True) for name in _model_chain.BINARIES}
+        bins = {name: self.module.get_bin_path(name, required=True) for name in (*_chain_copy.BINARIES, "tar")}
         try:
-            sent = _model_chain.send(
-                self.p["path"],
+            sent = _chain_copy.send(
+                _chain_copy.tar_source(bins["tar"], self.p["path"], files),
                 hops,
-                files,
                 bins=bins,
                 ssh_argv=self.ssh_argv(bins["ssh"]),
                 user=self.p["ssh_user"],
                 key=self.p["ssh_key"],
                 known_hosts=self.p["ssh_known_hosts"],
+                fallback="sync_topology=star (model_sync_topology)",
             )
         except (OSError, RuntimeError) as exc:
             self.module.fail_json(msg="The chain copy of %s could not start: %s" % (self.p["path"], exc), **self.result)
@@ -351,8 +351,8 @@ class ModelFiles:
             records[report["host"]].update(seconds=report["seconds"], bytes=report["bytes"], error=report["error"])
         self.result["sent_bytes"] = sent["reports"][0]["bytes"] if sent["reports"] else 0
         failed = [r for r in sent["reports"] if not r["ok"]]
-        if failed or sent["tar_error"]:
-            reasons = ([sent["tar_error"]] if sent["tar_error"] else []) + [
+        if failed or sent["source_error"]:
+            reasons = ([sent["source_error"]] if sent["source_error"] else []) + [
                 "%s: %s" % (r["host"], r["error"]) for r in failed
             ]
             self.module.fail_json(

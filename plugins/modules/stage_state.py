@@ -168,8 +168,12 @@ stages:
       description: Why the stage runs (probe), why it was not recorded (record), or which checks fail (check).
       type: list
       elements: str
+    recorded:
+      description: Whether the node holds a record of a successful run of the stage (probe).
+      type: bool
     facts:
-      description: The recorded facts of a converged stage (probe).
+      description: >-
+        The facts the stage's last successful run recorded (probe), converged or not; empty without a record.
       type: dict
 seconds:
   description: Seconds each kind of live check took (probe).

@@ -167,9 +167,32 @@ options:
         type: str
         required: true
       docker_host:
-        description: Docker API address of the peer's engine as reached from this node.
+        description:
+          - Docker API address of the peer's engine as reached from this node; C(ssh://USER@ADDRESS) for
+            O(copy_topology=chain).
         type: str
         required: true
+  copy_topology:
+    description:
+      - How the image reaches the O(peers) that lack it. C(star) streams C(docker save) here into C(docker load) on
+        each peer in turn (this node sends one copy per peer). C(chain) streams one C(docker save) to the first
+        peer over SSH; each peer runs C(docker load) and passes the same bytes on to the next as they arrive, so
+        this node sends one copy whatever the number of peers. Each peer's image ID is read afterwards either way.
+      - C(chain) needs O(ssh_key), C(ssh://USER@ADDRESS) peers, and each relayed peer's host key in
+        O(ssh_known_hosts) (a peer passes the stream on only to a host key this node knows); the peers need
+        python3 and the C(docker) CLI.
+    type: str
+    choices: [star, chain]
+    default: star
+  ssh_key:
+    description:
+      - This node's key for SSH to the peers (O(copy_topology=chain)); it goes to a private ssh-agent forwarded
+        for the copy's length, never to a peer.
+    type: path
+  ssh_known_hosts:
+    description:
+      - known_hosts file holding the peers' host keys (O(copy_topology=chain)); the user's own by default.
+    type: path
 notes:
   - Bad input fails before anything is built or tagged, naming the parameter.
 seealso:
@@ -338,6 +361,7 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _chain_copy, _ssh
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import DOCKER_COMMON_ARGS, connect, docker_client
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
     INPUTS_LABEL,
@@ -363,6 +387,8 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text, write_text
 
+# A peer the chain reaches: ssh://USER@ADDRESS, an IPv6 address bare or bracketed, no port.
+SSH_PEER = re.compile(r"^ssh://(?P<user>[^@/]+)@(?:\[(?P<bracketed>[^\]/@]+)\]|(?P<address>[^\[\]/@]+))$")
 # Docker's reference grammar, simplified: lower-case path components, optional tag and digest.
 IMAGE_REFERENCE = re.compile(
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
@@ -385,6 +411,8 @@ class ImageManager:
     # Inputs: everything checked before anything is built or tagged.
     def check_inputs(self):
         p = self.p
+        if p["copy_topology"] == "chain" and p["peers"]:
+            self.check_chain_inputs()
         if p["pull"] and not IMAGE_REFERENCE.match(p["pull"]):
             raise ImageError(
                 "pull: %r is not an image reference; write [registry/]repository[:tag][@digest] in lower case, "
@@ -416,6 +444,29 @@ class ImageManager:
             self.result["dockerfile"] = graft_dockerfile(graft)
             return {"graft": graft, "ids": ids, "dockerfile": self.result["dockerfile"]}
         return {"pull": p["pull"]}
+
+    def check_chain_inputs(self):
+        if not self.p["ssh_key"]:
+            raise ImageError(
+                "ssh_key: copy_topology=chain needs this node's key for SSH to the peers; or copy_topology=star"
+            )
+        users = set()
+        for index, peer in enumerate(self.p["peers"]):
+            found = SSH_PEER.match(peer["docker_host"])
+            # One colon is HOST:PORT: the hops reach each other on port 22 (an IPv6 address has several).
+            if not found or (found.group("address") or "").count(":") == 1:
+                raise ImageError(
+                    "peers[%d].docker_host: %r is not ssh://USER@ADDRESS (no port), which copy_topology=chain "
+                    "streams over; or copy_topology=star" % (index, peer["docker_host"])
+                )
+            users.add(found.group("user"))
+            # Each hop reaches the next as the first peer's user (the relays share one forwarded key).
+            if len(users) > 1:
+                raise ImageError(
+                    "peers[%d].docker_host: %r is not the user the other peers are reached as (%s); copy_topology="
+                    "chain reaches every peer as one user; or copy_topology=star"
+                    % (index, peer["docker_host"], sorted(users - {found.group("user")})[0])
+                )
 
     def obtain(self, inputs):
         """The candidate image, built or pulled only when missing or its inputs changed."""
@@ -492,6 +543,7 @@ class ImageManager:
 
     def distribute(self):
         tag, target = self.p["in_service_tag"], self.result["image_id"]
+        entries = []
         for peer in self.p["peers"]:
             try:
                 client = connect(peer["docker_host"], self.p["docker_timeout"])
@@ -499,27 +551,77 @@ class ImageManager:
                 self.fail("peers: %s (%s) is not reachable: %s" % (peer["name"], peer["docker_host"], exc))
             before = image_id(client, tag)
             entry = {"name": peer["name"], "image_id_before": before, "image_id": before, "bytes_moved": 0}
-            entry["seconds"] = 0.0
-            if before != target and target and not self.module.check_mode:
+            entry.update(seconds=0.0, source="")
+            entries.append((peer, client, entry))
+        differ = [item for item in entries if item[2]["image_id_before"] != target]
+        copied = differ if target and not self.module.check_mode else []
+        if copied and self.p["copy_topology"] == "chain":
+            self.chain([(peer, entry) for peer, _client, entry in copied])
+        else:
+            for peer, _client, entry in copied:
                 started = time.monotonic()
                 try:
                     source = connect(self.p["docker_host"], self.p["copy_timeout"])
                     sink = connect(peer["docker_host"], self.p["copy_timeout"])
                     entry["bytes_moved"] = stream_image(source, sink, tag)
                 except CopyBroken as exc:
-                    self.copy_broken(peer, before, exc)
-                entry["seconds"] = round(time.monotonic() - started, 2)
-                entry["image_id"] = image_id(client, tag)
-                if entry["image_id"] != target:
-                    self.fail(
-                        "peers: %s has %s as %s after the copy, not %s" % (peer["name"], entry["image_id"], tag, target)
-                    )
-            elif before != target:
-                entry["image_id"] = target
-            self.before["peer " + peer["name"]] = before
+                    self.copy_broken(peer, entry["image_id_before"], exc)
+                entry.update(seconds=round(time.monotonic() - started, 2), source="this node")
+        for peer, client, entry in differ:
+            # Read back from the peer's engine (the image ID is its content), or what check mode would leave.
+            entry["image_id"] = image_id(client, tag) if copied else target
+            if entry["image_id"] != target:
+                self.fail(
+                    "peers: %s has %s as %s after the copy, not %s" % (peer["name"], entry["image_id"], tag, target)
+                )
+        for peer, _client, entry in entries:
+            self.before["peer " + peer["name"]] = entry["image_id_before"]
             self.after["peer " + peer["name"]] = entry["image_id"]
             self.result["peers"].append(entry)
             self.result["bytes_moved"] += entry["bytes_moved"]
+
+    def chain(self, stale):
+        """One docker save down the stale peers in order, each loading it; fail naming the hops that did not."""
+        tag = self.p["in_service_tag"]
+        hops = []
+        for peer, entry in stale:
+            found = SSH_PEER.match(peer["docker_host"])
+            address = found.group("bracketed") or found.group("address")
+            hops.append(dict(host=peer["name"], address=address, user=found.group("user"), load=True))
+            entry["source"] = hops[-2]["host"] if len(hops) > 1 else "this node"
+        bins = {name: self.module.get_bin_path(name, required=True) for name in (*_chain_copy.BINARIES, "docker")}
+        started = time.monotonic()
+        try:
+            sent = _chain_copy.send(
+                _chain_copy.image_source(bins["docker"], self.p["docker_host"], tag),
+                hops,
+                bins=bins,
+                ssh_argv=_ssh.client_argv(bins["ssh"], self.p["ssh_key"], self.p["ssh_known_hosts"]),
+                user=hops[0]["user"],
+                key=self.p["ssh_key"],
+                known_hosts=self.p["ssh_known_hosts"],
+                fallback="copy_topology=star (runtime_image_copy_topology)",
+            )
+        except (OSError, RuntimeError) as exc:
+            self.fail("peers: the chain copy of %s could not start: %s" % (tag, exc))
+        by_host = {report["host"]: report for report in sent["reports"]}
+        for _peer, entry in stale:
+            report = by_host.get(entry["name"], {})
+            entry.update(bytes_moved=report.get("bytes", 0), seconds=report.get("seconds", 0.0))
+        self.result["sent_bytes"] = sent["reports"][0]["bytes"] if sent["reports"] else 0
+        self.result["chain_seconds"] = round(time.monotonic() - started, 2)
+        failed = [r for r in sent["reports"] if not r["ok"]]
+        if failed or sent["source_error"]:
+            reasons = [sent["source_error"]] if sent["source_error"] else []
+            reasons += ["%s: %s" % (r["host"], r["error"]) for r in failed]
+            self.result["failed_peer"] = failed[0]["host"] if failed else hops[0]["host"]
+            self.fail(
+                "peers: the chain copy of %s (%s) did not complete: %s. A peer keeps what it had as %s unless its "
+                "docker load finished; check SSH between these nodes (the next node's host key known to this node) "
+                "and `docker info` on each, then run the deploy again; or set copy_topology=star "
+                "(runtime_image_copy_topology)."
+                % (tag, " -> ".join(["this node"] + [h["host"] for h in hops]), "; ".join(reasons), tag)
+            )
 
     def copy_broken(self, peer, before, exc):
         """Fail naming the peer, which engine stopped answering, how far the copy got and what to run."""
@@ -617,6 +719,9 @@ def main():
             default=[],
             options=dict(name=dict(type="str", required=True), docker_host=dict(type="str", required=True)),
         ),
+        copy_topology=dict(type="str", choices=["star", "chain"], default="star"),
+        ssh_key=dict(type="path", no_log=False),
+        ssh_known_hosts=dict(type="path"),
     )
     argument_spec.update(DOCKER_COMMON_ARGS)
     module = AnsibleModule(

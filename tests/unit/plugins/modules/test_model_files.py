@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 from ansible.module_utils import basic
@@ -171,20 +172,24 @@ def test_sync_needs_a_key(monkeypatch, tree):
 
 
 def fake_chain(monkeypatch, fail_host=None):
-    """The chain's transport (run for real in test_model_chain.py); here what the module asks of it."""
+    """The chain's transport (run for real in test_chain_copy.py); here what the module asks of it."""
     calls = []
 
-    def send(path, hops, files, *, bins, ssh_argv, user, key, known_hosts, connect_timeout=5):
-        calls.append(dict(path=path, hops=hops, files=files, user=user, key=key))
+    def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, connect_timeout=5):
+        with tempfile.TemporaryDirectory() as workdir:
+            argv, _what = source(workdir)
+            with open(argv[-1], "rb") as listing:
+                files = [name.decode() for name in listing.read().split(b"\0") if name]
+        calls.append(dict(argv=argv, hops=hops, files=files, user=user, key=key, fallback=fallback))
         reports = []
         for hop in hops:
             failed = hop["host"] == fail_host
             error = "the stream to %s ended (ssh rc 255): No route to host" % hop["host"] if failed else ""
             reports.append(dict(host=hop["host"], ok=not failed, bytes=4096, files=len(hop["extract"]), seconds=0.1))
             reports[-1]["error"] = error
-        return dict(reports=reports, tar_error="")
+        return dict(reports=reports, source_error="")
 
-    monkeypatch.setattr(model_files._model_chain, "send", send)
+    monkeypatch.setattr(model_files._chain_copy, "send", send)
     monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, required=False: "/usr/bin/" + name)
     return calls
 
@@ -204,6 +209,7 @@ def test_chain_sends_each_stale_worker_what_it_lacks_and_skips_a_converged_one(m
     (call,) = calls
     assert [h["host"] for h in call["hops"]] == ["spark-2", "spark-4"]
     assert call["hops"][1]["extract"] == [SHARD2] and call["files"] == [e["path"] for e in head]
+    assert call["argv"][:6] == ["/usr/bin/tar", "-c", "-f", "-", "-C", tree]
     synced = {r["host"]: r for r in res["synced"]}
     assert synced["spark-3"]["changed"] is False and synced["spark-3"]["files"] == 0
     assert synced["spark-4"]["source"] == "spark-2" and synced["spark-2"]["source"] == "this node"

@@ -1,9 +1,11 @@
-"""vllm_image against a fake engine: argument validation, verification gate, promotion, copies, idempotence."""
+"""vllm_image against a fake engine: argument validation, verification gate, promotion, copies (star and chain),
+idempotence."""
 
 from __future__ import annotations
 
 import pytest
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _image
+from ansible.module_utils import basic
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _chain_copy, _image
 from ansible_collections.dgx_spark.vllm.plugins.modules import vllm_image
 from module_runner import fixture_text, run_module
 
@@ -313,3 +315,150 @@ def test_copy_silent_for_copy_timeout_names_the_setting(monkeypatch, engine, mod
     # The copy's own clients wait copy_timeout; the others keep docker_timeout.
     assert ("unix:///var/run/docker.sock", 900) in engine.connected
     assert ("ssh://root@spark-2", 900) in engine.connected
+
+
+# copy_topology=chain: one docker save down the stale peers, each loading it (_chain_copy.send is faked).
+CHAIN_PEERS = [
+    {"name": "spark-2", "docker_host": "ssh://admin@10.0.0.2"},
+    {"name": "spark-3", "docker_host": "ssh://admin@10.0.0.3"},
+    {"name": "spark-4", "docker_host": "ssh://admin@[fd00::4]"},
+]
+
+
+@pytest.fixture
+def chain(monkeypatch, engine, tmp_path):
+    """The fake chain: records each send; every hop loads the head's in-service image unless `fail` names it."""
+    engine.peers.update({p["docker_host"]: FakeEngine(p["name"]) for p in CHAIN_PEERS})
+    by_name = {p["name"]: engine.peers[p["docker_host"]] for p in CHAIN_PEERS}
+    fake = type("Chain", (), {})()
+    fake.calls, fake.fail, fake.skip_load = [], {}, set()
+    fake.args = {"ssh_key": str(tmp_path / "id_peer"), "ssh_known_hosts": str(tmp_path / "known_hosts")}
+
+    def send(source, hops, **kwargs):
+        fake.calls.append(dict(kwargs, source=source, hops=[dict(h) for h in hops]))
+        reports = []
+        for hop in hops:
+            error = fake.fail.get(hop["host"], "")
+            if not error and hop["host"] not in fake.skip_load:
+                by_name[hop["host"]].add(IN_SERVICE, engine.tags[IN_SERVICE].id)
+            reports.append(dict(host=hop["host"], ok=not error, bytes=7000, files=0, seconds=1.5, error=error))
+        return dict(reports=reports, source_error="")
+
+    monkeypatch.setattr(_chain_copy, "send", send)
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: "/usr/bin/" + name)
+    return fake
+
+
+def chain_args(model_dir, chain, peers=CHAIN_PEERS, **extra):
+    args = {"pull": "lab/donor:1", "model_dir": model_dir, "peers": peers, "copy_topology": "chain"}
+    return dict(args, **chain.args, **extra)
+
+
+def test_chain_without_ssh_key_fails_before_anything_is_built(monkeypatch, engine, chain, tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM x\n")
+    args = {"build": {"context": str(tmp_path)}, "architecture": ARCH, "peers": CHAIN_PEERS, "copy_topology": "chain"}
+    failed, result = run_module(monkeypatch, vllm_image, args)
+    assert failed
+    assert result["msg"].startswith("ssh_key: ") and "copy_topology=star" in result["msg"]
+    assert engine.actions == [] and chain.calls == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        (0, "tcp://10.0.0.2:2375"),
+        (0, "unix:///var/run/docker.sock"),
+        (1, "ssh://spark-3"),
+        (1, "ssh://admin@spark-3:2222"),
+    ],
+)
+def test_chain_peer_not_reached_over_ssh_user_at_address_is_named(monkeypatch, engine, chain, model_dir, bad):
+    index, docker_host = bad
+    engine.add("lab/donor:1", "sha256:donor")
+    peers = [dict(p) for p in CHAIN_PEERS[:2]]
+    peers[index]["docker_host"] = docker_host
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain, peers))
+    assert failed
+    assert result["msg"].startswith("peers[%d].docker_host: %r is not ssh://USER@ADDRESS" % (index, docker_host))
+    assert "copy_topology=star" in result["msg"]
+    assert engine.actions == [] and chain.calls == []
+
+
+def test_chain_peers_reached_as_different_users_are_refused(monkeypatch, engine, chain, model_dir):
+    # The relays pass the stream on as one user: a second user would silently be reached as the first.
+    engine.add("lab/donor:1", "sha256:donor")
+    peers = [dict(p) for p in CHAIN_PEERS[:2]]
+    peers[1]["docker_host"] = peers[1]["docker_host"].replace("admin@", "root@")
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain, peers))
+    assert failed
+    assert result["msg"].startswith("peers[1].docker_host: %r is not the user" % peers[1]["docker_host"])
+    assert "(admin)" in result["msg"] and engine.actions == [] and chain.calls == []
+
+
+def test_chain_sends_once_down_the_stale_peers_in_order(monkeypatch, engine, chain, model_dir):
+    engine.add("lab/donor:1", "sha256:donor", entrypoint=["/usr/local/bin/spark-vllm-entrypoint.sh"])
+    engine.peers["ssh://admin@10.0.0.3"].add(IN_SERVICE, "sha256:donor")
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain))
+    assert not failed, result["msg"]
+    (call,) = chain.calls
+    assert call["hops"] == [
+        dict(host="spark-2", address="10.0.0.2", user="admin", load=True),
+        dict(host="spark-4", address="fd00::4", user="admin", load=True),
+    ]
+    assert call["user"] == "admin"
+    assert call["key"] == chain.args["ssh_key"] and call["known_hosts"] == chain.args["ssh_known_hosts"]
+    assert call["ssh_argv"][:3] == ["/usr/bin/ssh", "-i", chain.args["ssh_key"]]
+    assert "UserKnownHostsFile=%s" % chain.args["ssh_known_hosts"] in call["ssh_argv"]
+    assert "runtime_image_copy_topology" in call["fallback"]
+    # One docker save, of the in-service tag, from this node's engine.
+    argv, what = call["source"]("/unused")
+    assert argv == ["/usr/bin/docker", "-H", "unix:///var/run/docker.sock", "save", IN_SERVICE]
+    assert what == "docker save of " + IN_SERVICE
+    assert result["changed"] and result["promoted"]
+    assert [
+        (p["name"], p["source"], p["image_id_before"], p["image_id"], p["bytes_moved"]) for p in result["peers"]
+    ] == [
+        ("spark-2", "this node", None, "sha256:donor", 7000),
+        ("spark-3", "", "sha256:donor", "sha256:donor", 0),
+        ("spark-4", "spark-2", None, "sha256:donor", 7000),
+    ]
+    assert result["sent_bytes"] == 7000
+    # Nothing streamed engine to engine (star), and the image ID read back from each peer's engine.
+    assert engine.actions == [("tag", IN_SERVICE, "sha256:donor")]
+    chain.calls.clear()
+    failed, again = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain))
+    assert not failed and not again["changed"] and chain.calls == []
+
+
+def test_chain_failed_hop_names_the_chain_the_host_and_the_fallback(monkeypatch, engine, chain, model_dir):
+    engine.add("lab/donor:1", "sha256:donor")
+    chain.fail["spark-4"] = "docker load failed (rc 1): no space left on device"
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain, CHAIN_PEERS[::2]))
+    assert failed
+    assert result["failed_peer"] == "spark-4"
+    msg = result["msg"]
+    assert "the chain copy of %s (this node -> spark-2 -> spark-4) did not complete" % IN_SERVICE in msg
+    assert "spark-4: docker load failed (rc 1): no space left on device" in msg
+    assert "spark-2:" not in msg
+    assert "copy_topology=star (runtime_image_copy_topology)" in msg
+
+
+def test_chain_peer_reporting_ok_but_holding_another_image_fails_the_read_back(monkeypatch, engine, chain, model_dir):
+    engine.add("lab/donor:1", "sha256:donor")
+    engine.peers["ssh://admin@[fd00::4]"].add(IN_SERVICE, "sha256:older")
+    chain.skip_load.add("spark-4")
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain, CHAIN_PEERS[::2]))
+    assert failed
+    assert result["msg"] == "peers: spark-4 has sha256:older as %s after the copy, not sha256:donor" % IN_SERVICE
+
+
+def test_chain_check_mode_sends_nothing(monkeypatch, engine, chain, model_dir):
+    engine.add("lab/donor:1", "sha256:donor")
+    engine.add(IN_SERVICE, "sha256:donor")
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain, _ansible_check_mode=True))
+    assert not failed, result["msg"]
+    assert result["changed"] and chain.calls == [] and engine.actions == []
+    assert [(p["image_id_before"], p["image_id"], p["bytes_moved"]) for p in result["peers"]] == [
+        (None, "sha256:donor", 0)
+    ] * 3
+    assert all(IN_SERVICE not in peer.tags for peer in engine.peers.values())

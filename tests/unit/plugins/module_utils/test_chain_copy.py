@@ -1,11 +1,13 @@
-"""_model_chain: the pipelined chain copy, run as real processes (tar, ssh-agent, ssh-add, python3 relays).
+"""_chain_copy: the pipelined chain copy, run as real processes (tar, ssh-agent, ssh-add, python3 relays).
 
-Only ssh is a stand-in: `ssh` on PATH runs the remote command here, under the hop's own directory, and
-logs its argv, so each hop's relay, tar and agent forwarding check are the real ones.
+Only ssh (and docker, for an image) is a stand-in: `ssh` on PATH runs the remote command here, with the
+hop's destination in FAKE_SSH_DEST, and logs its argv, so each hop's relay, tar and agent forwarding check
+are the real ones. `docker` on PATH saves a deterministic pseudo-random stream and loads into a file per load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -13,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from ansible_collections.dgx_spark.vllm.plugins.module_utils import _model, _model_chain, _ssh
+from ansible_collections.dgx_spark.vllm.plugins.module_utils import _chain_copy, _model, _ssh
 
 FAKE_SSH = r"""#!/usr/bin/env python3
 import json, os, subprocess, sys
@@ -30,7 +32,8 @@ if dest in os.environ.get("FAKE_SSH_DOWN", "").split(","):
 if "-A" not in args or "SSH_AUTH_SOCK" not in os.environ:
     sys.stderr.write("no agent to forward\n")
     sys.exit(255)
-sys.exit(subprocess.call(["/bin/sh", "-c", args[-1]]))
+# The remote side learns which hop it is (a fake docker keys on it; every hop runs on this one machine).
+sys.exit(subprocess.call(["/bin/sh", "-c", args[-1]], env=dict(os.environ, FAKE_SSH_DEST=dest)))
 """
 
 
@@ -75,10 +78,10 @@ def targets(lab, names, manifests=None):
 
 def send(lab, hops, files):
     ssh_argv = _ssh.client_argv("ssh", lab["key"], lab["known"], accept_new=True)
-    return _model_chain.send(
-        lab["source"],
+    return _chain_copy.send(
+        _chain_copy.tar_source("tar", lab["source"], files),
         hops,
-        files,
+        fallback="sync_topology=star",
         bins=lab["bins"],
         ssh_argv=ssh_argv,
         user="root",
@@ -94,9 +97,9 @@ def ssh_log(lab):
 
 def test_three_workers_get_the_head_files_and_each_is_sent_one_copy(lab):
     head = entries(lab["source"])
-    hops, files = _model_chain.plan(head, targets(lab, ["w1", "w2", "w3"]))
+    hops, files = _chain_copy.plan(head, targets(lab, ["w1", "w2", "w3"]))
     result = send(lab, hops, files)
-    assert result["tar_error"] == "", result["reports"][0]["error"]
+    assert result["source_error"] == "", result["reports"][0]["error"]
     reports = result["reports"]
     assert [r["host"] for r in reports] == ["w1", "w2", "w3"]
     assert all(r["ok"] for r in reports), [r["error"] for r in reports]
@@ -115,7 +118,7 @@ def test_three_workers_get_the_head_files_and_each_is_sent_one_copy(lab):
 
 
 def test_a_relayed_worker_whose_host_key_the_head_lacks_is_refused_before_anything_starts(lab):
-    hops, files = _model_chain.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3", "w4"]))
+    hops, files = _chain_copy.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3", "w4"]))
     with pytest.raises(RuntimeError, match=r"no host key for w4 \(10\.0\.0\.5\) in .*known_hosts"):
         send(lab, hops, files)
     assert not (lab["tmp"] / "ssh.log").exists()
@@ -133,17 +136,17 @@ def test_a_spec_larger_than_a_command_line_and_odd_names_reach_every_hop(lab):
     for odd in ("-v", "--remove-files", "two\nlines"):
         with open(os.path.join(lab["source"], odd), "w") as handle:
             handle.write(odd)
-    hops, files = _model_chain.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3"]))
-    assert len(json.dumps(_model_chain.hop_spec(hops))) > 3 * 128 * 1024
+    hops, files = _chain_copy.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3"]))
+    assert len(json.dumps(_chain_copy.hop_spec(hops))) > 3 * 128 * 1024
     result = send(lab, hops, files)
-    assert result["tar_error"] == "" and all(r["ok"] for r in result["reports"]), result
+    assert result["source_error"] == "" and all(r["ok"] for r in result["reports"]), result
     for hop in hops:
         assert _model.manifest(hop["path"], "sample")[1] == _model.manifest(lab["source"], "sample")[1]
     assert os.path.exists(os.path.join(lab["source"], "-v"))
 
 
 def test_the_forwarded_key_leaves_the_agent_after_its_lifetime(lab):
-    agent = _model_chain.Agent("ssh-agent", "ssh-add", lab["key"], str(lab["tmp"]), 1)
+    agent = _chain_copy.Agent("ssh-agent", "ssh-add", lab["key"], str(lab["tmp"]), 1)
     try:
         listed = subprocess.run(["ssh-add", "-l"], env=agent.env(), capture_output=True, text=True, check=False)
         assert listed.returncode == 0 and "ED25519" in listed.stdout
@@ -161,7 +164,7 @@ def test_a_worker_that_lacks_one_file_writes_only_that_one(lab):
     (partial / "model-2.safetensors").write_bytes(b"cut short")
     before = {e["path"]: e for e in entries(str(partial))}
     w2_manifest = entries(str(partial))
-    hops, files = _model_chain.plan(head, targets(lab, ["w1", "w2"], {"w2": w2_manifest}))
+    hops, files = _chain_copy.plan(head, targets(lab, ["w1", "w2"], {"w2": w2_manifest}))
     assert [h["extract"] for h in hops] == [[e["path"] for e in head], ["model-2.safetensors"]]
     result = send(lab, hops, files)
     assert all(r["ok"] for r in result["reports"]), result
@@ -177,7 +180,7 @@ def test_an_older_revision_s_extra_shard_is_removed_and_nothing_else_written(lab
     (older / "model-9.safetensors").write_bytes(b"an older revision's shard")
     (older / ".cache").mkdir()
     (older / ".cache" / "hub-lock").write_text("")
-    hops, files = _model_chain.plan(head, targets(lab, ["w1"], {"w1": entries(str(older))}))
+    hops, files = _chain_copy.plan(head, targets(lab, ["w1"], {"w1": entries(str(older))}))
     assert hops[0]["extract"] == [] and hops[0]["remove"] == ["model-9.safetensors"] and files == []
     (report,) = send(lab, hops, files)["reports"]
     assert report["ok"], report
@@ -187,13 +190,13 @@ def test_an_older_revision_s_extra_shard_is_removed_and_nothing_else_written(lab
 
 def test_a_converged_worker_is_left_out_of_the_chain(lab):
     head = entries(lab["source"])
-    hops, files = _model_chain.plan(head, [dict(host="w1", address="a", path="/x", manifest=head)])
+    hops, files = _chain_copy.plan(head, [dict(host="w1", address="a", path="/x", manifest=head)])
     assert hops == [] and files == []
 
 
 def test_an_unreachable_worker_is_named_and_the_ones_after_it_not_reached(lab, monkeypatch):
     monkeypatch.setenv("FAKE_SSH_DOWN", "root@10.0.0.3")
-    hops, files = _model_chain.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3"]))
+    hops, files = _chain_copy.plan(entries(lab["source"]), targets(lab, ["w1", "w2", "w3"]))
     reports = send(lab, hops, files)["reports"]
     assert reports[0]["ok"] and not reports[1]["ok"] and not reports[2]["ok"]
     assert "the stream to w2 ended (ssh rc 255)" in reports[1]["error"]
@@ -202,7 +205,7 @@ def test_an_unreachable_worker_is_named_and_the_ones_after_it_not_reached(lab, m
 
 
 def test_a_worker_that_cannot_write_fails_alone_and_passes_the_stream_on(lab):
-    hops, files = _model_chain.plan(entries(lab["source"]), targets(lab, ["w1", "w2"]))
+    hops, files = _chain_copy.plan(entries(lab["source"]), targets(lab, ["w1", "w2"]))
     (lab["tmp"] / "w1").write_text("a file where the model directory should be")
     reports = send(lab, hops, files)["reports"]
     assert not reports[0]["ok"] and reports[0]["error"].startswith("cannot write %s/w1: " % lab["tmp"])
@@ -221,5 +224,135 @@ def test_a_stream_cut_short_fails_the_hop_with_tar_saying_so(lab, tmp_path):
             chunk, self.data = self.data[:size], self.data[size:]
             return chunk
 
-    (report,) = _model_chain.relay(spec, Cut(archive.stdout[:700]), "")
+    (report,) = _chain_copy.relay(spec, Cut(archive.stdout[:700]), "")
     assert not report["ok"] and "tar -x into" in report["error"] and report["bytes"] == 700
+
+
+# The image path: docker save on the head, docker load on each hop.
+
+FAKE_DOCKER = r"""#!/usr/bin/env python3
+import hashlib, json, os, shutil, sys, tempfile
+args = sys.argv[1:]
+dest = os.environ.get("FAKE_SSH_DEST", "head")
+with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
+    log.write(json.dumps(dict(argv=args, dest=dest)) + "\n")
+if len(args) == 4 and args[0] == "-H" and args[2] == "save":
+    if os.environ.get("FAKE_DOCKER_SAVE_FAIL"):
+        sys.stderr.write(os.environ["FAKE_DOCKER_SAVE_FAIL"] + "\n")
+        sys.exit(1)
+    data = hashlib.shake_256(args[3].encode()).digest(int(os.environ["FAKE_DOCKER_SAVE_BYTES"]))
+    for start in range(0, len(data), 65536):
+        sys.stdout.buffer.write(data[start : start + 65536])
+    sys.stdout.buffer.flush()
+    sys.exit(0)
+if args == ["load", "-q"]:
+    if dest == os.environ.get("FAKE_DOCKER_LOAD_FAIL"):
+        sys.stdin.buffer.read(1 << 20)  # then gives up: the relay's writes to it break
+        sys.stderr.write("Error processing tar file(exit status 1): write /var/lib/docker: no space left on device\n")
+        sys.exit(1)
+    fd, path = tempfile.mkstemp(prefix=dest + "--", suffix=".tar", dir=os.environ["FAKE_DOCKER_LOADS"])
+    with os.fdopen(fd, "wb") as handle:
+        shutil.copyfileobj(sys.stdin.buffer, handle)
+    if os.path.getsize(path) == 0:
+        os.remove(path)
+        sys.stderr.write("Error response from daemon: unexpected EOF\n")
+        sys.exit(1)
+    print("Loaded image: " + os.environ["FAKE_DOCKER_IMAGE"])
+    sys.exit(0)
+sys.stderr.write("fake docker: unexpected %r\n" % args)
+sys.exit(2)
+"""
+IMAGE = "dgx-spark/vllm-runtime:in-service"
+HEAD_ENGINE = "unix:///var/run/docker.sock"
+# Several chunks, and not a whole number of them.
+IMAGE_BYTES = 5 * _chain_copy.CHUNK + 12345
+
+
+@pytest.fixture
+def images(lab, monkeypatch):
+    docker = lab["tmp"] / "bin" / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(docker.stat().st_mode | stat.S_IXUSR)
+    loads = lab["tmp"] / "loads"
+    loads.mkdir()
+    monkeypatch.setenv("FAKE_DOCKER_LOG", str(lab["tmp"] / "docker.log"))
+    monkeypatch.setenv("FAKE_DOCKER_LOADS", str(loads))
+    monkeypatch.setenv("FAKE_DOCKER_SAVE_BYTES", str(IMAGE_BYTES))
+    monkeypatch.setenv("FAKE_DOCKER_IMAGE", IMAGE)
+    monkeypatch.delenv("FAKE_DOCKER_SAVE_FAIL", raising=False)
+    monkeypatch.delenv("FAKE_DOCKER_LOAD_FAIL", raising=False)
+    return dict(lab, loads=loads, saved=hashlib.shake_256(IMAGE.encode()).digest(IMAGE_BYTES))
+
+
+def image_hops(names):
+    return [dict(host=name, address="10.0.0.%d" % (i + 2), user="root", load=True) for i, name in enumerate(names)]
+
+
+def send_image(lab, hops):
+    return _chain_copy.send(
+        _chain_copy.image_source("docker", HEAD_ENGINE, IMAGE),
+        hops,
+        fallback="copy_topology=star",
+        bins=lab["bins"],
+        ssh_argv=_ssh.client_argv("ssh", lab["key"], lab["known"], accept_new=True),
+        user="root",
+        key=lab["key"],
+        known_hosts=lab["known"],
+    )
+
+
+def loaded(lab):
+    """{hop destination: [bytes of each docker load that finished there]}."""
+    out = {}
+    for name in sorted(os.listdir(lab["loads"])):
+        out.setdefault(name.split("--")[0], []).append((lab["loads"] / name).read_bytes())
+    return out
+
+
+def docker_log(lab):
+    with open(lab["tmp"] / "docker.log") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_three_workers_load_the_head_image_and_the_head_saves_and_sends_one_copy(images):
+    result = send_image(images, image_hops(["w1", "w2", "w3"]))
+    assert result["source_error"] == "", result
+    reports = result["reports"]
+    assert [r["host"] for r in reports] == ["w1", "w2", "w3"]
+    assert all(r["ok"] for r in reports), [r["error"] for r in reports]
+    assert [r["bytes"] for r in reports] == [IMAGE_BYTES] * 3 and all(r["files"] == 0 for r in reports)
+    # Each worker loaded the saved stream once, byte for byte.
+    assert loaded(images) == {"root@10.0.0.%d" % n: [images["saved"]] for n in (2, 3, 4)}
+    # One docker save, on the head, of the image from the head's engine; one docker load on each worker.
+    calls = docker_log(images)
+    assert [(c["dest"], c["argv"]) for c in calls if "save" in c["argv"]] == [
+        ("head", ["-H", HEAD_ENGINE, "save", IMAGE])
+    ]
+    assert sorted(c["dest"] for c in calls if c["argv"] == ["load", "-q"]) == ["root@10.0.0.%d" % n for n in (2, 3, 4)]
+    argvs = [c["argv"] for c in ssh_log(images)]
+    assert [a[-2] for a in argvs] == ["root@10.0.0.2", "root@10.0.0.3", "root@10.0.0.4"]
+    assert "-i" in argvs[0] and all("-i" not in a for a in argvs[1:])
+    assert all("StrictHostKeyChecking=yes" in a for a in argvs[1:])
+    assert [c["known"].split()[0] for c in ssh_log(images)[1:]] == ["10.0.0.3", "10.0.0.4"]
+
+
+def test_a_failed_docker_save_is_the_source_error_naming_the_image_and_docker_s_message(images, monkeypatch):
+    monkeypatch.setenv("FAKE_DOCKER_SAVE_FAIL", "Error response from daemon: reference does not exist")
+    result = send_image(images, image_hops(["w1", "w2"]))
+    assert result["source_error"] == (
+        "docker save of %s failed (rc 1): Error response from daemon: reference does not exist" % IMAGE
+    )
+    assert [r["host"] for r in result["reports"]] == ["w1", "w2"]
+    assert loaded(images) == {}
+
+
+def test_a_worker_whose_docker_load_fails_fails_alone_and_the_next_still_gets_every_byte(images, monkeypatch):
+    monkeypatch.setenv("FAKE_DOCKER_LOAD_FAIL", "root@10.0.0.3")
+    result = send_image(images, image_hops(["w1", "w2", "w3"]))
+    assert result["source_error"] == ""
+    w1, w2, w3 = result["reports"]
+    assert w1["ok"] and w3["ok"], result
+    assert not w2["ok"]
+    assert w2["error"].startswith("docker load failed (rc 1): ") and "no space left on device" in w2["error"]
+    assert w1["bytes"] == w2["bytes"] == w3["bytes"] == IMAGE_BYTES
+    assert loaded(images) == {"root@10.0.0.2": [images["saved"]], "root@10.0.0.4": [images["saved"]]}

@@ -1,17 +1,18 @@
 # Copyright: dgx_spark.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Pipelined chain copy of a model directory (private; used by model_files).
+"""Pipelined chain copy of a model directory or an image to the workers (private; model_files, vllm_image).
 
-The head streams one tar of the files some worker lacks to the first worker. Each worker writes the
-files it lacks and passes the same bytes on to the next worker over SSH as they arrive. So the head
-sends one copy whatever the number of workers, and the last worker ends about one hop's latency after
-the first. Worker-to-worker SSH uses the head's key through agent forwarding (no key is copied to a
-worker) and the head's known host keys, passed along in the hop's spec (nothing learned on first use).
-Each hop's spec reaches it as the first line of its stdin, before the tar stream: a command line holds at
-most 128 KiB, and a spec for hundreds of files and several hops is larger.
+The head streams one copy (a tar of the files some worker lacks, or `docker save` of the image) to the
+first worker. Each worker takes what it needs (`tar -x` of its files, or `docker load`) and passes the same
+bytes on to the next worker over SSH as they arrive. So the head sends one copy whatever the number of
+workers, and the last worker ends about one hop's latency after the first. Worker-to-worker SSH uses the
+head's key through agent forwarding (no key is copied to a worker) and the head's known host keys, passed
+along in the hop's spec (nothing learned on first use). Each hop's spec reaches it as the first line of its
+stdin, before the stream: a command line holds at most 128 KiB, and a spec for hundreds of files and
+several hops is larger.
 
 This file is also the relay. The head sends this file's own source to each hop (`python3 -c`), so a
-worker needs python3, tar and ssh only. Keep it standard-library only.
+worker needs python3, ssh and tar (or docker) only. Keep it standard-library only.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import tempfile
 import time
 
 CHUNK = 1 << 20
-# What the head runs (the hops need python3, tar and ssh).
-BINARIES = ("ssh", "ssh-agent", "ssh-add", "ssh-keygen", "tar")
+# What the head runs besides the source of the stream (tar or docker).
+BINARIES = ("ssh", "ssh-agent", "ssh-add", "ssh-keygen")
 BOOT = 'import base64,sys;exec(compile(base64.b64decode(sys.argv[1]),"dgx_spark_model_relay","exec"))'
 # The forwarded key is needed only while the hops connect (all do at the start): it leaves the agent after
 # this long even if the module is killed before it stops the agent.
@@ -95,17 +96,13 @@ def name_list(workdir, paths):
     return listing
 
 
+HOP_KEYS = ("host", "address", "path", "extract", "remove", "load")
+
+
 def hop_spec(hops, index=0):
-    """What hop `index` needs: its own path and files, and the rest of the chain to pass the stream to."""
-    hop = hops[index]
-    return dict(
-        host=hop["host"],
-        address=hop["address"],
-        path=hop["path"],
-        extract=hop["extract"],
-        remove=hop["remove"],
-        rest=[hop_spec(hops, index + 1)] if index + 1 < len(hops) else [],
-    )
+    """What hop `index` needs: its sink (path, extract and remove; or load) and the rest of the chain."""
+    spec = {key: hops[index][key] for key in HOP_KEYS if key in hops[index]}
+    return dict(spec, rest=[hop_spec(hops, index + 1)] if index + 1 < len(hops) else [])
 
 
 def hosts_after(spec):
@@ -170,8 +167,11 @@ def remove_extra(spec):
             os.remove(full)
 
 
-def start_extract(spec, workdir, err_file):
-    """tar -x of this hop's files; None when it lacks none (tar given no names would write every one)."""
+def start_sink(spec, workdir, err_file):
+    """docker load (an image hop), or tar -x of this hop's files; None when it lacks none (tar given no names
+    would write every one)."""
+    if spec.get("load"):
+        return subprocess.Popen(["docker", "load", "-q"], stdin=subprocess.PIPE, stdout=err_file, stderr=err_file)
     os.makedirs(spec["path"], exist_ok=True)
     remove_extra(spec)
     if not spec["extract"]:
@@ -191,21 +191,22 @@ def write(pipe, chunk):
 
 
 def relay(spec, source, source_b64, ssh="ssh"):
-    """Write this hop's files from `source` while passing every byte on; the chain's reports."""
+    """Write this hop's files (or load its image) from `source` while passing every byte on; the chain's reports."""
     started = time.monotonic()
-    me = dict(host=spec["host"], ok=False, bytes=0, files=len(spec["extract"]), seconds=0.0, error="")
+    me = dict(host=spec["host"], ok=False, bytes=0, files=len(spec.get("extract", [])), seconds=0.0, error="")
     next_hosts = hosts_after(spec)
     with tempfile.TemporaryDirectory(prefix="dgx-spark-relay-") as workdir, contextlib.ExitStack() as stack:
         down_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
-        tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
+        sink_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
         down, down_open = start_downstream(spec, source_b64, ssh, workdir, down_err) if spec["rest"] else (None, False)
         try:
-            tar = start_extract(spec, workdir, tar_err)
+            sink = start_sink(spec, workdir, sink_err)
         except OSError as exc:
-            tar, me["error"] = None, "cannot write %s: %s" % (spec["path"], exc)
+            why = "cannot start docker load" if spec.get("load") else "cannot write %s" % spec["path"]
+            sink, me["error"] = None, "%s: %s" % (why, exc)
         else:
-            me["ok"] = tar is None
-        tar_open = tar is not None
+            me["ok"] = sink is None
+        sink_open = sink is not None
         while True:
             chunk = source.read(CHUNK)
             if not chunk:
@@ -214,18 +215,19 @@ def relay(spec, source, source_b64, ssh="ssh"):
             # Downstream first, so the next node starts on a chunk before this disk takes it (the writes are in
             # turn: a disk slower than the link here holds the rest back too).
             down_open = down_open and write(down.stdin, chunk)
-            tar_open = tar_open and write(tar.stdin, chunk)
-        for proc in (tar, down):
+            sink_open = sink_open and write(sink.stdin, chunk)
+        for proc in (sink, down):
             if proc is not None:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
-        if tar is not None:
-            rc = tar.wait()
-            tar_err.seek(0)
-            problem = tar_err.read().decode("utf-8", "replace").strip()
+        if sink is not None:
+            rc = sink.wait()
+            sink_err.seek(0)
+            problem = sink_err.read().decode("utf-8", "replace").strip()
             me["ok"] = rc == 0
             if rc != 0:
-                me["error"] = "tar -x into %s failed (rc %d): %s" % (spec["path"], rc, problem[-300:] or "no message")
+                what = "docker load" if spec.get("load") else "tar -x into %s" % spec["path"]
+                me["error"] = "%s failed (rc %d): %s" % (what, rc, problem[-300:] or "no message")
         me["seconds"] = round(time.monotonic() - started, 2)
         reports = finish_downstream(down, down_err, next_hosts) if down else []
     return [me, *reports]
@@ -293,19 +295,34 @@ def unknown_hosts(hops, known_hosts):
     return ["%s (%s)" % (h["host"], h["address"]) for h in hops[1:] if not known_hosts.get(h["address"])]
 
 
-def send(path, hops, files, *, bins, ssh_argv, user, key, known_hosts, connect_timeout=5):
-    """Stream `files` of `path` down the chain `hops`; one report per hop (host, ok, bytes, files, seconds, error).
+def tar_source(tar, path, files):
+    """The model's stream: tar -c of `files` under `path` (send's `source`)."""
 
-    ssh_argv: the head's ssh command line up to the destination (_ssh.client_argv, as the rsync copy uses).
-    Raises RuntimeError, before anything starts, when the head knows no host key for a relayed hop."""
+    def argv(workdir):
+        return [tar, "-c", "-f", "-", "-C", path, *NAME_LIST, name_list(workdir, files)], "tar -c of " + path
+
+    return argv
+
+
+def image_source(docker, docker_host, ref):
+    """The image's stream: docker save of `ref` from the engine at `docker_host` (send's `source`)."""
+    return lambda _workdir: ([docker, "-H", docker_host, "save", ref], "docker save of " + ref)
+
+
+def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, connect_timeout=5):
+    """Stream `source` (tar_source, image_source) down the chain `hops`; one report per hop (host, ok, bytes,
+    files, seconds, error) and source_error.
+
+    ssh_argv: the head's ssh command line up to the destination (_ssh.client_argv). Raises RuntimeError, before
+    anything starts, when the head knows no host key for a relayed hop (`fallback`: the setting that avoids it)."""
     files_known = [known_hosts or os.path.expanduser("~/.ssh/known_hosts"), GLOBAL_KNOWN_HOSTS]
     lines = known_host_lines(bins["ssh-keygen"], files_known, [h["address"] for h in hops[1:]])
     unknown = unknown_hosts(hops, lines)
     if unknown:
         raise RuntimeError(
             "no host key for %s in %s: a worker passes the stream on only to a host key the head knows. Run the "
-            "preflight stage (it records each worker's host key on the head) or set model_sync_topology: star"
-            % (", ".join(unknown), " or ".join(files_known))
+            "preflight stage (it records each worker's host key on the head) or set %s"
+            % (", ".join(unknown), " or ".join(files_known), fallback)
         )
     spec = dict(hop_spec(hops), user=user, known_hosts=lines, connect_timeout=connect_timeout)
     source_b64 = encode(own_source().encode("utf-8"))
@@ -313,22 +330,23 @@ def send(path, hops, files, *, bins, ssh_argv, user, key, known_hosts, connect_t
         seconds = KEY_SECONDS_BASE + KEY_SECONDS_PER_HOP * len(hops)
         agent = Agent(bins["ssh-agent"], bins["ssh-add"], key, workdir, seconds)
         stack.callback(agent.stop)
-        tar_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
+        source_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
         ssh_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
         ssh = [*ssh_argv, "-A", "-T", *SSH_OPTIONS, destination(user, hops[0]["address"]), hop_command(source_b64)]
-        tar = [bins["tar"], "-c", "-f", "-", "-C", path, *NAME_LIST, name_list(workdir, files)]
-        first, tar = start_first(ssh, tar, header(spec), env=agent.env(), errors=(ssh_err, tar_err))
+        source_argv, what = source(workdir)
+        first, producer = start_first(ssh, source_argv, header(spec), env=agent.env(), errors=(ssh_err, source_err))
         reports = finish_downstream(first, ssh_err, [h["host"] for h in hops])
-        tar_rc = tar.wait() if tar else 0
-        tar_err.seek(0)
-        problem = tar_err.read().decode("utf-8", "replace").strip()
-    tar_error = "" if tar_rc == 0 else "tar -c of %s failed (rc %d): %s" % (path, tar_rc, problem)
-    return dict(reports=reports, tar_error=tar_error)
+        rc = producer.wait() if producer else 0
+        source_err.seek(0)
+        problem = source_err.read().decode("utf-8", "replace").strip()
+    source_error = "" if rc == 0 else "%s failed (rc %d): %s" % (what, rc, problem[-300:])
+    return dict(reports=reports, source_error=source_error)
 
 
-def start_first(ssh_argv, tar_argv, spec_line, *, env, errors):
-    """The first hop's ssh fed the spec line, then tar's stream, on one pipe: (ssh, tar; None when ssh died first)."""
-    ssh_err, tar_err = errors
+def start_first(ssh_argv, source_argv, spec_line, *, env, errors):
+    """The first hop's ssh fed the spec line, then the source's stream, on one pipe: (ssh, source; None when ssh
+    died first)."""
+    ssh_err, source_err = errors
     read_end, write_end = os.pipe()
     try:
         first = subprocess.Popen(ssh_argv, stdin=read_end, stdout=subprocess.PIPE, stderr=ssh_err, env=env)
@@ -340,7 +358,7 @@ def start_first(ssh_argv, tar_argv, spec_line, *, env, errors):
     try:
         if not write_all(write_end, spec_line):
             return first, None
-        return first, subprocess.Popen(tar_argv, stdout=write_end, stderr=tar_err)
+        return first, subprocess.Popen(source_argv, stdout=write_end, stderr=source_err)
     except OSError:
         first.kill()
         first.wait()
