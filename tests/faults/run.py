@@ -595,6 +595,52 @@ def case_check_mode_summary(suite):
     suite.case("check-mode-summary", "summary names the endpoint and its passed probe; state unchanged", body)
 
 
+STAGE_RECORD = "/var/lib/dgx-spark/stages.json"
+
+
+def case_tags_model(suite):
+    """A worker's model file removed while serving: `--tags model` alone copies it back (the other stages' facts
+    from their records); a worker without stage records makes `--tags model` stop before anything runs, naming it."""
+
+    def repaired():
+        before = lab.snapshots()
+        lab.node(lab.WORKER, "rm", "-f", lab.MODEL_PATH + "/config.json")
+        res = lab.deploy("--tags", "model", timeout=REPAIR_BOUND)
+        after = lab.snapshots()
+        problems = lab.intact(before, after)
+        ok, text = serving()
+        return res.rc == 0 and not problems and ok, "exit %s in %ss; %s; completion: %s" % (
+            res.rc,
+            res.seconds,
+            problems or "model files and image as before on every node",
+            text[:60] if ok else "FAILED %s" % text,
+        )
+
+    suite.case("tags-model-repairs-a-worker-file", "--tags model copies it back; data intact; serves", repaired)
+
+    def refused():
+        lab.node(lab.WORKER, "mv", STAGE_RECORD, STAGE_RECORD + ".faults")
+        try:
+            before = lab.snapshots()
+            res = lab.deploy("--tags", "model", timeout=FAIL_BOUND)
+            changed = lab.diff(before, lab.snapshots())
+        finally:
+            lab.node(lab.WORKER, "mv", STAGE_RECORD + ".faults", STAGE_RECORD)
+        text = " ".join(res.lines)
+        said = "%s holds no record of preflight" % lab.WORKER in text and "Run the deploy once without --tags" in text
+        started = lab.stages_started(res)
+        ok = res.rc != 0 and said and not started and not changed
+        return ok, "exit %s in %ss; %s; stages started: %s; state %s" % (
+            res.rc,
+            res.seconds,
+            "names %s and the fix" % lab.WORKER if said else "NOT named: %s" % lab.first_failure(res)[2][:200],
+            started or "none",
+            "unchanged" if not changed else "CHANGED: %s" % ", ".join(changed[:5]),
+        )
+
+    suite.case("tags-model-without-records", "stops before any stage, naming %s and the fix" % lab.WORKER, refused)
+
+
 HF_TOKEN = "hf_faultsSuiteToken7Qx2"  # noqa: S105 - a made-up value the output is grepped for
 API_KEY = "sk-faults-suite-key-9Zr4"
 
@@ -896,6 +942,7 @@ def body(suite, args, fresh):
         ("engine", lambda: case_engine_stopped(suite)),
         ("image-copy", lambda: case_engine_dies_during_copy(suite)),
         ("check-mode", lambda: case_check_mode_summary(suite)),
+        ("tags-model", lambda: case_tags_model(suite)),
         ("security", lambda: case_security(suite)),
         ("secrets", lambda: case_secrets(suite, restore=not selected("mp"))),
         ("mp", lambda: case_mp(suite)),
