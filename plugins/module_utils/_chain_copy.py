@@ -216,6 +216,10 @@ def relay(spec, source, source_b64, ssh="ssh"):
             # turn: a disk slower than the link here holds the rest back too).
             down_open = down_open and write(down.stdin, chunk)
             sink_open = sink_open and write(sink.stdin, chunk)
+            if sink is not None and not (sink_open or down_open):
+                # This hop's sink died and no hop after it takes the rest: stop reading, so the head learns of
+                # it now and not after the whole stream.
+                break
         for proc in (sink, down):
             if proc is not None:
                 with contextlib.suppress(OSError):
@@ -339,7 +343,9 @@ def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, conn
         rc = producer.wait() if producer else 0
         source_err.seek(0)
         problem = source_err.read().decode("utf-8", "replace").strip()
-    source_error = "" if rc == 0 else "%s failed (rc %d): %s" % (what, rc, problem[-300:])
+    # A source killed by SIGPIPE after a hop stopped reading is that hop's failure, already reported.
+    cut_off = rc == -13 and not all(r["ok"] for r in reports)
+    source_error = "" if rc == 0 or cut_off else "%s failed (rc %d): %s" % (what, rc, problem[-300:])
     return dict(reports=reports, source_error=source_error)
 
 

@@ -613,7 +613,7 @@ class ImageManager:
         failed = [r for r in sent["reports"] if not r["ok"]]
         if failed or sent["source_error"]:
             reasons = [sent["source_error"]] if sent["source_error"] else []
-            reasons += ["%s: %s" % (r["host"], r["error"]) for r in failed]
+            reasons += [self.hop_failure(r, stale) for r in failed]
             self.result["failed_peer"] = failed[0]["host"] if failed else hops[0]["host"]
             self.fail(
                 "peers: the chain copy of %s (%s) did not complete: %s. A peer keeps what it had as %s unless its "
@@ -622,6 +622,22 @@ class ImageManager:
                 "(runtime_image_copy_topology)."
                 % (tag, " -> ".join(["this node"] + [h["host"] for h in hops]), "; ".join(reasons), tag)
             )
+
+    def hop_failure(self, report, stale):
+        """One failed hop: how many bytes reached it, and whether its engine still answers."""
+        peer = next(p for p, _entry in stale if p["name"] == report["host"])
+        why = report["error"]
+        if report["bytes"]:
+            try:
+                connect(peer["docker_host"], 10)
+            except DockerException:
+                why = "the Docker engine on %s stopped answering (%s)" % (report["host"], why)
+        return "to %s after %d bytes (%.1f MiB): %s" % (
+            report["host"],
+            report["bytes"],
+            report["bytes"] / 1048576.0,
+            why,
+        )
 
     def copy_broken(self, peer, before, exc):
         """Fail naming the peer, which engine stopped answering, how far the copy got and what to run."""

@@ -231,7 +231,9 @@ def test_a_stream_cut_short_fails_the_hop_with_tar_saying_so(lab, tmp_path):
 # The image path: docker save on the head, docker load on each hop.
 
 FAKE_DOCKER = r"""#!/usr/bin/env python3
-import hashlib, json, os, shutil, sys, tempfile
+import hashlib, json, os, shutil, signal, sys, tempfile
+# As the real docker CLI (Go): a write to a pipe nobody reads kills it with SIGPIPE.
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 args = sys.argv[1:]
 dest = os.environ.get("FAKE_SSH_DEST", "head")
 with open(os.environ["FAKE_DOCKER_LOG"], "a") as log:
@@ -356,3 +358,18 @@ def test_a_worker_whose_docker_load_fails_fails_alone_and_the_next_still_gets_ev
     assert w2["error"].startswith("docker load failed (rc 1): ") and "no space left on device" in w2["error"]
     assert w1["bytes"] == w2["bytes"] == w3["bytes"] == IMAGE_BYTES
     assert loaded(images) == {"root@10.0.0.2": [images["saved"]], "root@10.0.0.4": [images["saved"]]}
+
+
+def test_the_last_worker_whose_docker_load_fails_stops_the_stream_at_once(images, monkeypatch):
+    # Nobody after it takes the bytes: its relay stops reading; the head's save, cut off by SIGPIPE, is not
+    # reported as a second failure. The worker before it still reads the whole stream for its own load.
+    monkeypatch.setenv("FAKE_DOCKER_SAVE_BYTES", str(64 * _chain_copy.CHUNK))
+    monkeypatch.setenv("FAKE_DOCKER_LOAD_FAIL", "root@10.0.0.2")
+    alone = send_image(images, image_hops(["w1"]))
+    assert alone["source_error"] == ""
+    assert alone["reports"][0]["error"].startswith("docker load failed (rc 1): ")
+    assert alone["reports"][0]["bytes"] < 8 * _chain_copy.CHUNK, alone
+    monkeypatch.setenv("FAKE_DOCKER_LOAD_FAIL", "root@10.0.0.3")
+    w1, w2 = send_image(images, image_hops(["w1", "w2"]))["reports"]
+    assert w1["ok"] and w1["bytes"] == 64 * _chain_copy.CHUNK
+    assert not w2["ok"] and w2["bytes"] < 8 * _chain_copy.CHUNK, w2

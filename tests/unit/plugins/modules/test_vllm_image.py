@@ -438,9 +438,30 @@ def test_chain_failed_hop_names_the_chain_the_host_and_the_fallback(monkeypatch,
     assert result["failed_peer"] == "spark-4"
     msg = result["msg"]
     assert "the chain copy of %s (this node -> spark-2 -> spark-4) did not complete" % IN_SERVICE in msg
-    assert "spark-4: docker load failed (rc 1): no space left on device" in msg
-    assert "spark-2:" not in msg
+    # The engine still answers: the load's own error, with the bytes that reached the hop.
+    assert "to spark-4 after 7000 bytes (0.0 MiB): docker load failed (rc 1): no space left on device" in msg
+    assert "to spark-2" not in msg and "stopped answering" not in msg
     assert "copy_topology=star (runtime_image_copy_topology)" in msg
+
+
+def test_chain_hop_whose_engine_stopped_is_named_so(monkeypatch, engine, chain, model_dir):
+    engine.add("lab/donor:1", "sha256:donor")
+    chain.fail["spark-2"] = "docker load failed (rc 1): error during connect: EOF"
+    answering = vllm_image.connect
+
+    def connect(host, timeout):
+        if chain.calls and host == "ssh://admin@10.0.0.2":
+            raise _image.DockerException("Error while fetching server API version: Connection refused")
+        return answering(host, timeout)
+
+    monkeypatch.setattr(vllm_image, "connect", connect)
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain, CHAIN_PEERS[:1]))
+    assert failed and result["failed_peer"] == "spark-2"
+    assert (
+        "to spark-2 after 7000 bytes (0.0 MiB): the Docker engine on spark-2 stopped answering (docker load failed"
+        in result["msg"]
+    )
+    assert "run the deploy again" in result["msg"]
 
 
 def test_chain_peer_reporting_ok_but_holding_another_image_fails_the_read_back(monkeypatch, engine, chain, model_dir):
