@@ -1,22 +1,26 @@
 # Copyright: dgx_spark.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Model distribution to 1, 2 and 3 workers (2, 3 and 4 nodes): head-sends-all (star) against the chain,
-side by side in one run, on the distribution lab (benchmarks/distribution/inventory: dist-1 .. dist-4).
+"""Model and image distribution to 1, 2 and 3 workers (2, 3 and 4 nodes): head-sends-all (star) against the
+chain, side by side in one run, on the distribution lab (benchmarks/distribution/inventory: dist-1 .. dist-4).
 
     .venv/bin/ansible-playbook -i benchmarks/distribution/inventory playbooks/lab.yml
     .venv/bin/python benchmarks/distribution.py [--runs 3] [--shards 16] [--shard-mb 16] [--rate-mbit 400]
+        [--what model,image] [--image-runs 1] [--image-rate-mbit 2000]
     .venv/bin/ansible-playbook -i benchmarks/distribution/inventory playbooks/lab.yml -e lab_state=absent
 
 Every node's first-rail egress is held to --rate-mbit by a token bucket (tc tbf), as a port would: on one
 machine the nodes' bridges otherwise run at memory speed, and the CPU, not the head's port, would be what
 runs out. The model is a synthetic one of --shards safetensors shards (the lab model's config.json and
 tokenizer beside them, so the deploy's layout and memory checks read a real config), written on the head.
-For each run, each topology and each worker count: the model is removed from that many workers (the
-others keep theirs and are not sent anything), then `deploy-qwen35.yml --tags model` runs. Measured: the
-copy task's wall time on the controller (bench_timer) and the bytes the head's first rail sent
-(/sys/class/net/<rail>/statistics/tx_bytes). The deploy's own check that every node's manifest equals the
-head's must pass. Prints the table; writes the raw runs to benchmarks/results/distribution-<time>.json.
-Timings are measured, never asserted.
+For each run, each topology and each worker count: the model (or the runtime image's in-service tag, and so
+the image) is removed from that many workers (the others keep theirs and are not sent anything), then
+`deploy-qwen35.yml --tags model` (or `--tags runtime_image`) runs, after one deploy of every node stage made
+the records those runs take their facts from. Measured: the copy task's wall time on the controller
+(bench_timer) and the bytes the head's first rail sent (/sys/class/net/<rail>/statistics/tx_bytes). The
+deploy's own checks (every node's manifest equals the head's; every node's image ID equals the head's) must
+pass. The image is the lab's real runtime image (4.6 GB): fewer runs and a faster egress by default. Prints
+the tables; writes the raw runs to benchmarks/results/distribution-<time>.json. Timings are measured, never
+asserted.
 """
 
 from __future__ import annotations
@@ -41,8 +45,19 @@ LAB = labkit.read_inventory(INVENTORY)
 HEAD, WORKERS = LAB["nodes"][0], LAB["nodes"][1:]
 RAIL = LAB["head_rail"]
 MODEL = "/var/lib/dgx-spark/models/distribution-bench"
-COPY_TASK = "Copy the model from the head over the fabric"
 TOPOLOGIES = ("star", "chain")
+IN_SERVICE = labkit.IN_SERVICE
+# What is copied: the deploy stage that copies it, its copy task, its topology variable.
+KINDS = {
+    "model": dict(stage="model", task="Copy the model from the head over the fabric", var="model_sync_topology"),
+    "image": dict(
+        stage="runtime_image",
+        task="Image | Obtain, verify, promote on the build host; stream to the other nodes",
+        var="runtime_image_copy_topology",
+    ),
+}
+# The node stages, run once first: a --tags run of one stage takes the others' facts from their records.
+NODE_STAGES = "preflight,gpu,fabric,runtime_image,validate,model"
 
 # Written on the head: shards with a valid safetensors header (one U8 tensor each) and their index.
 WRITE_MODEL = r"""
@@ -117,23 +132,31 @@ def deploy(*extra):
             return json.load(handle), res.seconds
 
 
-def copy_task(timer):
-    """The head's copy task: its wall time and the module's own report (synced, sent_bytes)."""
+def copy_task(timer, kind):
+    """The head's copy task: its wall time and the module's own report (synced, sent_bytes, peers)."""
     for task in timer["tasks"]:
-        if task["task"].endswith(COPY_TASK) and task["host"] == HEAD and task["status"] == "ok":
+        if task["task"].endswith(KINDS[kind]["task"]) and task["host"] == HEAD and task["status"] in ("ok", "changed"):
             return round(task["end"] - task["start"], 2), task["result"]
     return None, {}
 
 
-def one(topology, workers, model_extra):
-    for name in WORKERS:
-        if name in workers:
-            node(name, "rm", "-rf", MODEL)
+def remove_copy(kind, name):
+    if kind == "model":
+        node(name, "rm", "-rf", MODEL)
+    else:
+        # Only the in-service tag names the image on a worker here (nothing serves): its layers go too.
+        node(name, "docker", "rmi", IN_SERVICE, check=False)
+
+
+def one(kind, topology, workers, extra):
+    for name in workers:
+        remove_copy(kind, name)
     before = tx_bytes()
-    timer, wall = deploy("--tags", "fabric,model", "-e", "model_sync_topology=" + topology, *model_extra)
+    timer, wall = deploy("--tags", KINDS[kind]["stage"], "-e", "%s=%s" % (KINDS[kind]["var"], topology), *extra)
     sent = tx_bytes() - before
-    seconds, result = copy_task(timer)
+    seconds, result = copy_task(timer, kind)
     return dict(
+        kind=kind,
         topology=topology,
         workers=len(workers),
         seconds=seconds,
@@ -141,6 +164,7 @@ def one(topology, workers, model_extra):
         wall=round(wall, 2),
         synced=result.get("synced"),
         module_sent=result.get("sent_bytes"),
+        peers=result.get("peers"),
     )
 
 
@@ -149,11 +173,18 @@ def med(values):
     return statistics.median(values) if values else None
 
 
-def table(doc):
-    runs, size = doc["runs"], doc["model_bytes"]
+def table(doc, kind="model"):
+    runs, size = [r for r in doc["runs"] if r.get("kind", "model") == kind], doc["%s_bytes" % kind]
+    if not runs:
+        return ""
+    if kind == "model":
+        what = "%d MiB in %d shards" % (size >> 20, doc["shards"])
+    else:
+        what = "the lab's runtime image, %.2f GB as docker save streams it" % (size / 1e9)
+    rate = doc.get("%s_rate_mbit" % kind, doc.get("rate_mbit"))
     lines = [
-        "Model distribution: %d MiB in %d shards, node egress %s Mbit/s (tc tbf), %d runs, medians (min-max)"
-        % (size >> 20, doc["shards"], doc["rate_mbit"] or "unlimited", doc["repeat"]),
+        "%s distribution: %s, node egress %s Mbit/s (tc tbf), %d runs, medians (min-max)"
+        % (kind.capitalize(), what, rate or "unlimited", doc.get("%s_repeat" % kind, doc.get("repeat"))),
         "",
         "| nodes | workers | star s | chain s | star / 1 worker | chain / 1 worker | head sent: star | chain |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -190,53 +221,76 @@ def table(doc):
     return "\n".join(lines)
 
 
+def image_bytes():
+    """The bytes one copy of the image streams: docker save's tar of it, counted on the head."""
+    return int(node(HEAD, "sh", "-c", "docker save %s | wc -c" % IN_SERVICE))
+
+
+def measure(doc, kind, repeat, extra, out):
+    for run in range(repeat):
+        for n in range(1, len(WORKERS) + 1):
+            # Alternate which topology goes first, so neither always runs on a warmer machine.
+            for topology in TOPOLOGIES if (run + n) % 2 == 0 else TOPOLOGIES[::-1]:
+                record = one(kind, topology, WORKERS[:n], extra)
+                record["run"] = run
+                doc["runs"].append(record)
+                log(
+                    "run %d %s %s to %d: %s s, head sent %.1f MiB"
+                    % (run + 1, kind, topology, n, record["seconds"], record["head_sent"] / 2**20)
+                )
+                with open(out, "w", encoding="utf-8") as handle:
+                    json.dump(doc, handle, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--shard-mb", type=int, default=16)
     parser.add_argument("--rate-mbit", type=int, default=400, help="each node's egress; 0 leaves it unlimited")
-    parser.add_argument("--table", help="print a written result's table again")
+    parser.add_argument("--what", default="model,image", help="model, image or both")
+    parser.add_argument("--image-runs", type=int, default=1)
+    parser.add_argument("--image-rate-mbit", type=int, default=2000, help="each node's egress for the image rows")
+    parser.add_argument("--table", help="print a written result's tables again")
     args = parser.parse_args()
     if args.table:
         with open(args.table, encoding="utf-8") as handle:
-            print(table(json.load(handle)))
+            doc = json.load(handle)
+        print("\n\n".join(filter(None, (table(doc, kind) for kind in KINDS))))
         return
-    log("preflight and fabric on %s" % ", ".join(LAB["nodes"]))
-    deploy("--tags", "preflight,fabric")
+    kinds = [k for k in args.what.split(",") if k]
+    if set(kinds) - set(KINDS):
+        parser.error("--what: model, image or both, not %s" % args.what)
     size = args.shard_mb << 20
+    log("the synthetic model on %s" % HEAD)
     node(HEAD, "python3", "-c", WRITE_MODEL, LAB["model_path"], MODEL, str(args.shards), str(size))
-    model_extra = ("-e", "model_path=" + MODEL)
-    # Every worker holds the model first: each case removes it from exactly the workers it measures.
-    deploy("--tags", "fabric,model", "-e", "model_sync_topology=chain", *model_extra)
+    extra = ("-e", "model_path=" + MODEL, "-e", "validate_nccl=false")
+    # Every worker holds the model and the image first: each case removes them from exactly the workers it
+    # measures. The records this run makes are what the --tags runs take the other stages' facts from.
+    log("every node stage on %s" % ", ".join(LAB["nodes"]))
+    deploy("--tags", NODE_STAGES, "-e", "model_sync_topology=chain", *extra)
     doc = dict(
         started=datetime.now(UTC).isoformat(),
         shards=args.shards,
         model_bytes=args.shards * size,
+        image_bytes=image_bytes() if "image" in kinds else None,
         rate_mbit=args.rate_mbit,
+        model_rate_mbit=args.rate_mbit,
+        image_rate_mbit=args.image_rate_mbit,
         repeat=args.runs,
+        model_repeat=args.runs,
+        image_repeat=args.image_runs,
         runs=[],
     )
     out = os.path.join(BENCH, "results", "distribution-%s.json" % datetime.now(UTC).strftime("%Y%m%dT%H%M%S"))
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    shape(args.rate_mbit)
     try:
-        for run in range(args.runs):
-            for n in range(1, len(WORKERS) + 1):
-                # Alternate which topology goes first, so neither always runs on a warmer machine.
-                for topology in TOPOLOGIES if (run + n) % 2 == 0 else TOPOLOGIES[::-1]:
-                    record = one(topology, WORKERS[:n], model_extra)
-                    record["run"] = run
-                    doc["runs"].append(record)
-                    log(
-                        "run %d %s to %d: %s s, head sent %.1f MiB"
-                        % (run + 1, topology, n, record["seconds"], record["head_sent"] / 2**20)
-                    )
-                    with open(out, "w", encoding="utf-8") as handle:
-                        json.dump(doc, handle, indent=1)
+        for kind in kinds:
+            shape(args.rate_mbit if kind == "model" else args.image_rate_mbit)
+            measure(doc, kind, args.runs if kind == "model" else args.image_runs, extra, out)
     finally:
         shape(0)
-    print(table(doc))
+    print("\n\n".join(filter(None, (table(doc, kind) for kind in kinds))))
     log("raw runs: %s" % out)
 
 

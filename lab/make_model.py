@@ -10,7 +10,10 @@ same libraries write the same bytes. lab-model.json names what it is and the inp
 
 Needs torch, transformers 5, tokenizers and safetensors (the lab runtime image has them); no hub.
 
-    python3 lab/make_model.py DIR [--seed N] [--max-shard-size SIZE]
+    python3 lab/make_model.py DIR [--seed N] [--max-shard-size SIZE] [--layer-types linear,full,...]
+
+--layer-types sets the layers (linear = Gated DeltaNet, full = attention): vLLM needs a full-attention layer in
+every pipeline stage, so a lab for pipeline parallel 3 uses six layers, linear,full three times.
 """
 
 import argparse
@@ -217,13 +220,21 @@ TOKEN_ROLES = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
 GENERATION = {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
 
 
-def spec(seed=SEED, max_shard_size=MAX_SHARD_SIZE):
+def text_config(layer_types=None):
+    """TEXT_CONFIG, or with these layers ("linear" or "full" each)."""
+    if not layer_types:
+        return TEXT_CONFIG
+    kinds = {"linear": "linear_attention", "full": "full_attention"}
+    return dict(TEXT_CONFIG, num_hidden_layers=len(layer_types), layer_types=[kinds[k] for k in layer_types])
+
+
+def spec(seed=SEED, max_shard_size=MAX_SHARD_SIZE, layer_types=None):
     """Every input the directory is made from (hashed into lab-model.json)."""
     return {
         "architecture": ARCH,
         "seed": seed,
         "max_shard_size": max_shard_size,
-        "text_config": TEXT_CONFIG,
+        "text_config": text_config(layer_types),
         "vision_config": VISION_CONFIG,
         "bpe_vocab": BPE_VOCAB,
         "added_tokens": ADDED_TOKENS,
@@ -310,9 +321,9 @@ def write_tokenizer(directory, tok):
     return ids
 
 
-def build_config():
+def build_config(layer_types=None):
     ids = token_ids()
-    text = dict(TEXT_CONFIG, eos_token_id=ids["<|endoftext|>"], pad_token_id=None, bos_token_id=None)
+    text = dict(text_config(layer_types), eos_token_id=ids["<|endoftext|>"], pad_token_id=None, bos_token_id=None)
     text["dtype"] = "bfloat16"
     config = transformers.Qwen3_5MoeConfig(
         text_config=text,
@@ -372,20 +383,20 @@ def install(staging, directory):
             os.remove(os.path.join(directory, name))
 
 
-def make_model(directory, seed=SEED, max_shard_size=MAX_SHARD_SIZE):
+def make_model(directory, seed=SEED, max_shard_size=MAX_SHARD_SIZE, layer_types=None):
     """Write the lab model into directory; returns directory."""
     if MISSING:
         raise RuntimeError("the lab model needs torch, transformers 5, tokenizers and safetensors: %s" % MISSING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    inputs = spec(seed, max_shard_size)
+    inputs = spec(seed, max_shard_size, layer_types)
     # Staged inside directory itself: the same filesystem when directory is a mount point.
     os.makedirs(directory, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".lab-model-", dir=directory)
     try:
         tok = build_tokenizer()
         write_tokenizer(staging, tok)
-        config = build_config()
+        config = build_config(layer_types)
         model = build_model(config, seed)
         model.save_pretrained(staging, max_shard_size=max_shard_size)
         write_generation_config(staging)
@@ -415,8 +426,11 @@ def main(argv=None):
     parser.add_argument("directory")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--max-shard-size", default=MAX_SHARD_SIZE)
+    parser.add_argument("--layer-types", type=lambda text: text.split(","), default=None)
     args = parser.parse_args(argv)
-    print(make_model(args.directory, args.seed, args.max_shard_size))
+    if args.layer_types and set(args.layer_types) - {"linear", "full"}:
+        parser.error("--layer-types: each is linear or full, not %s" % ",".join(args.layer_types))
+    print(make_model(args.directory, args.seed, args.max_shard_size, args.layer_types))
     return 0
 
 

@@ -79,16 +79,6 @@ def header(spec):
     return json.dumps(spec).encode("utf-8") + b"\n"
 
 
-def write_all(fd, data):
-    """False when the reader is gone (the ssh before it died)."""
-    try:
-        while data:
-            data = data[os.write(fd, data) :]
-        return True
-    except OSError:
-        return False
-
-
 def name_list(workdir, paths):
     listing = os.path.join(workdir, "files")
     with open(listing, "wb") as handle:
@@ -339,7 +329,10 @@ def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, conn
         ssh = [*ssh_argv, "-A", "-T", *SSH_OPTIONS, destination(user, hops[0]["address"]), hop_command(source_b64)]
         source_argv, what = source(workdir)
         first, producer = start_first(ssh, source_argv, header(spec), env=agent.env(), errors=(ssh_err, source_err))
+        pumped = pump(producer, first) if producer else 0
         reports = finish_downstream(first, ssh_err, [h["host"] for h in hops])
+        # The first hop's own count, or, where its stream ended without one, what the head sent into it.
+        reports[0]["bytes"] = reports[0]["bytes"] or pumped
         rc = producer.wait() if producer else 0
         source_err.seek(0)
         problem = source_err.read().decode("utf-8", "replace").strip()
@@ -350,27 +343,42 @@ def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, conn
 
 
 def start_first(ssh_argv, source_argv, spec_line, *, env, errors):
-    """The first hop's ssh fed the spec line, then the source's stream, on one pipe: (ssh, source; None when ssh
-    died first)."""
+    """The first hop's ssh, fed the spec line, and the source (its stream goes through pump): (ssh, source;
+    None when ssh died first)."""
     ssh_err, source_err = errors
-    read_end, write_end = os.pipe()
+    first = subprocess.Popen(ssh_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=ssh_err, env=env)
     try:
-        first = subprocess.Popen(ssh_argv, stdin=read_end, stdout=subprocess.PIPE, stderr=ssh_err, env=env)
-    except OSError:
-        os.close(write_end)
-        raise
-    finally:
-        os.close(read_end)
-    try:
-        if not write_all(write_end, spec_line):
+        if not (write(first.stdin, spec_line) and flush(first.stdin)):
             return first, None
-        return first, subprocess.Popen(source_argv, stdout=write_end, stderr=source_err)
+        return first, subprocess.Popen(source_argv, stdout=subprocess.PIPE, stderr=source_err)
     except OSError:
         first.kill()
         first.wait()
         raise
-    finally:
-        os.close(write_end)
+
+
+def flush(pipe):
+    try:
+        pipe.flush()
+        return True
+    except OSError:
+        return False
+
+
+def pump(producer, first):
+    """Pass the source's stream to the first hop; the bytes it took (what the head sent, counted here because a
+    hop whose node dies mid-stream reports nothing)."""
+    sent = 0
+    while True:
+        chunk = producer.stdout.read(CHUNK)
+        if not chunk or not write(first.stdin, chunk):
+            break
+        sent += len(chunk)
+    # A source still writing gets SIGPIPE rather than blocking on a pipe nobody reads.
+    producer.stdout.close()
+    with contextlib.suppress(OSError):
+        first.stdin.close()
+    return sent
 
 
 if __name__ == "__main__" and len(sys.argv) == 2:

@@ -627,7 +627,8 @@ class ImageManager:
         """One failed hop: how many bytes reached it, and whether its engine still answers."""
         peer = next(p for p, _entry in stale if p["name"] == report["host"])
         why = report["error"]
-        if report["bytes"]:
+        # A hop after a broken one was never asked: its engine is not the cause.
+        if not why.startswith("not reached"):
             try:
                 connect(peer["docker_host"], 10)
             except DockerException:

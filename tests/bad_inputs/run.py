@@ -75,6 +75,19 @@ CASES = [
     ("image-no-source", "module", "vllm_image", {}, "pull", "build"),
     ("image-bad-reference", "module", "vllm_image", {"pull": "Not A Valid//Ref!"}, "pull", "reference"),
     (
+        "image-chain-peer-port",
+        "module",
+        "vllm_image",
+        {
+            "pull": "a/b:c",
+            "copy_topology": "chain",
+            "ssh_key": "/root/.ssh/id_ed25519",
+            "peers": [{"name": "spark-2", "docker_host": "ssh://root@198.18.100.12:2222"}],
+        },
+        "peers[0].docker_host",
+        "copy_topology=star",
+    ),
+    (
         "model-dir-missing",
         "module",
         "model_files",
@@ -184,6 +197,14 @@ CASES = [
         {"runtime_image_pull": ""},
         "runtime_image_pull",
         "runtime_image_build",
+    ),
+    (
+        "role-image-copy-topology",
+        "role",
+        "runtime_image",
+        {"runtime_image_copy_topology": "ring"},
+        "runtime_image_copy_topology",
+        "chain",
     ),
     ("role-model-path-empty", "role", "model", {"model_path": ""}, "model_path", "group_vars"),
     (

@@ -29,6 +29,10 @@ dest = args[-2]
 if dest in os.environ.get("FAKE_SSH_DOWN", "").split(","):
     sys.stderr.write("ssh: connect to host %s port 22: No route to host\n" % dest.split("@")[1])
     sys.exit(255)
+if dest == os.environ.get("FAKE_SSH_CUT"):
+    sys.stdin.buffer.read(2 << 20)  # the node dies mid-stream: its relay never reports
+    sys.stderr.write("Connection to %s closed by remote host.\n" % dest.split("@")[1])
+    sys.exit(255)
 if "-A" not in args or "SSH_AUTH_SOCK" not in os.environ:
     sys.stderr.write("no agent to forward\n")
     sys.exit(255)
@@ -373,3 +377,15 @@ def test_the_last_worker_whose_docker_load_fails_stops_the_stream_at_once(images
     w1, w2 = send_image(images, image_hops(["w1", "w2"]))["reports"]
     assert w1["ok"] and w1["bytes"] == 64 * _chain_copy.CHUNK
     assert not w2["ok"] and w2["bytes"] < 8 * _chain_copy.CHUNK, w2
+
+
+def test_a_first_worker_whose_node_dies_mid_stream_is_named_with_the_bytes_the_head_sent_it(images, monkeypatch):
+    monkeypatch.setenv("FAKE_DOCKER_SAVE_BYTES", str(16 * _chain_copy.CHUNK))
+    monkeypatch.setenv("FAKE_SSH_CUT", "root@10.0.0.2")
+    result = send_image(images, image_hops(["w1", "w2"]))
+    assert result["source_error"] == ""
+    w1, w2 = result["reports"]
+    assert not w1["ok"] and w1["error"].startswith("the stream to w1 ended (ssh rc 255): Connection to 10.0.0.2")
+    # What the head sent before the pipe broke: at least what the dead node read, never the whole stream.
+    assert 2 << 20 <= w1["bytes"] < 16 * _chain_copy.CHUNK, w1
+    assert not w2["ok"] and w2["error"] == "not reached: the stream to w1 ended" and w2["bytes"] == 0
