@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 CHUNK = 1 << 20
@@ -37,7 +38,9 @@ KEY_SECONDS_BASE, KEY_SECONDS_PER_HOP = 60, 15
 # tar reads the names NUL-separated and never as options (a file named "-C" or holding a newline).
 NAME_LIST = ["--null", "--verbatim-files-from", "-T"]
 # Detects a hop whose link or node died mid-stream instead of waiting on it forever.
+# No connection sharing: a multiplexed master would forward its own agent, not the private one.
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
+SSH_OPTIONS += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
 
 
 def needed(head_entries, target_entries):
@@ -105,7 +108,7 @@ def hosts_after(spec):
 
 
 # Settings every hop shares, sent once per hop rather than nested in each level.
-COMMON = ("user", "known_hosts", "connect_timeout")
+COMMON = ("user", "known_hosts", "connect_timeout", "idle_timeout")
 
 
 def destination(user, address):
@@ -117,8 +120,9 @@ def not_reached(hosts, why):
     return [dict(host=h, ok=False, bytes=0, files=0, seconds=0.0, error=why) for h in hosts]
 
 
-def finish_downstream(down, err_file, next_hosts):
-    """Reports of the rest of the chain: its own JSON line, or why the stream to it ended."""
+def finish_downstream(down, err_file, next_hosts, sent=0):
+    """Reports of the rest of the chain: its own JSON line, or why the stream to it ended (with the `sent` bytes
+    passed into it: a hop whose node died reports nothing itself)."""
     out = down.stdout.read()
     down.wait()
     err_file.seek(0)
@@ -132,7 +136,9 @@ def finish_downstream(down, err_file, next_hosts):
         pass
     first, rest = next_hosts[0], next_hosts[1:]
     why = "the stream to %s ended (ssh rc %d): %s" % (first, down.returncode, err[-300:] or "no answer")
-    return not_reached([first], why) + not_reached(rest, "not reached: the stream to %s ended" % first)
+    reports = not_reached([first], why) + not_reached(rest, "not reached: the stream to %s ended" % first)
+    reports[0]["bytes"] = sent
+    return reports
 
 
 def start_downstream(spec, source_b64, ssh, workdir, err_file):
@@ -141,11 +147,47 @@ def start_downstream(spec, source_b64, ssh, workdir, err_file):
     known = os.path.join(workdir, "known_hosts")
     with open(known, "w", encoding="utf-8") as handle:
         handle.write("".join(line + "\n" for line in spec["known_hosts"].get(rest["address"], [])))
-    argv = [ssh, "-A", "-T", *SSH_OPTIONS, "-o", "ConnectTimeout=%d" % spec["connect_timeout"]]
-    argv += ["-o", "UserKnownHostsFile=%s" % known, "-o", "StrictHostKeyChecking=yes"]
+    argv = [ssh, *forward(rest), "-T", *SSH_OPTIONS, "-o", "ConnectTimeout=%d" % spec["connect_timeout"]]
+    argv += ["-o", "UserKnownHostsFile=%s" % known, "-o", "GlobalKnownHostsFile=/dev/null"]
+    argv += ["-o", "StrictHostKeyChecking=yes"]
     argv += [destination(spec["user"], rest["address"]), hop_command(source_b64)]
     down = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_file)
     return down, write(down.stdin, header(rest))
+
+
+def forward(spec):
+    """-A only for a hop that connects on to another: the last one needs no agent."""
+    return ["-A"] if spec["rest"] else []
+
+
+class Stall:
+    """Kills `procs` when a watched step makes no progress for `seconds` (None: never). A frozen engine or disk
+    holds the stream while SSH's keepalives still answer."""
+
+    def __init__(self, seconds, procs):
+        self.seconds, self.procs, self.since, self.fired = seconds, procs, None, False
+        self.done = threading.Event()
+        if seconds:
+            threading.Thread(target=self.watch, daemon=True).start()
+
+    def begin(self):
+        self.since = time.monotonic()
+
+    def end(self):
+        self.since = None
+
+    def watch(self):
+        while not self.done.wait(0.5):
+            since = self.since
+            if since is not None and time.monotonic() - since > self.seconds:
+                self.fired = True
+                for proc in self.procs:
+                    with contextlib.suppress(OSError):
+                        proc.kill()
+                return
+
+    def stop(self):
+        self.done.set()
 
 
 def remove_extra(spec):
@@ -197,6 +239,9 @@ def relay(spec, source, source_b64, ssh="ssh"):
         else:
             me["ok"] = sink is None
         sink_open = sink is not None
+        # Only this hop's own sink is watched: a stalled upstream is the hop before's to find.
+        stall = Stall(spec.get("idle_timeout"), [sink] if sink is not None else [])
+        passed = 0
         while True:
             chunk = source.read(CHUNK)
             if not chunk:
@@ -205,11 +250,15 @@ def relay(spec, source, source_b64, ssh="ssh"):
             # Downstream first, so the next node starts on a chunk before this disk takes it (the writes are in
             # turn: a disk slower than the link here holds the rest back too).
             down_open = down_open and write(down.stdin, chunk)
+            passed += len(chunk) if down_open else 0
+            stall.begin()
             sink_open = sink_open and write(sink.stdin, chunk)
-            if sink is not None and not (sink_open or down_open):
-                # This hop's sink died and no hop after it takes the rest: stop reading, so the head learns of
-                # it now and not after the whole stream.
+            stall.end()
+            if (sink is not None or me["error"]) and not (sink_open or down_open):
+                # This hop's sink died (or never started) and no hop after it takes the rest: stop reading, so
+                # the head learns of it now and not after the whole stream.
                 break
+        stall.stop()
         for proc in (sink, down):
             if proc is not None:
                 with contextlib.suppress(OSError):
@@ -219,11 +268,16 @@ def relay(spec, source, source_b64, ssh="ssh"):
             sink_err.seek(0)
             problem = sink_err.read().decode("utf-8", "replace").strip()
             me["ok"] = rc == 0
-            if rc != 0:
-                what = "docker load" if spec.get("load") else "tar -x into %s" % spec["path"]
+            what = "docker load" if spec.get("load") else "tar -x into %s" % spec["path"]
+            if stall.fired:
+                me["error"] = "%s took no bytes for %g s (a frozen engine or disk): stopped; the stream went on" % (
+                    what,
+                    spec["idle_timeout"],
+                )
+            elif rc != 0:
                 me["error"] = "%s failed (rc %d): %s" % (what, rc, problem[-300:] or "no message")
         me["seconds"] = round(time.monotonic() - started, 2)
-        reports = finish_downstream(down, down_err, next_hosts) if down else []
+        reports = finish_downstream(down, down_err, next_hosts, passed) if down else []
     return [me, *reports]
 
 
@@ -303,12 +357,15 @@ def image_source(docker, docker_host, ref):
     return lambda _workdir: ([docker, "-H", docker_host, "save", ref], "docker save of " + ref)
 
 
-def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, connect_timeout=5):
+def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, connect_timeout=5, idle_timeout=None):
     """Stream `source` (tar_source, image_source) down the chain `hops`; one report per hop (host, ok, bytes,
     files, seconds, error) and source_error.
 
     ssh_argv: the head's ssh command line up to the destination (_ssh.client_argv). Raises RuntimeError, before
-    anything starts, when the head knows no host key for a relayed hop (`fallback`: the setting that avoids it)."""
+    anything starts, when the head knows no host key for a relayed hop (`fallback`: the setting that avoids it).
+    idle_timeout: seconds without a byte moving before the stream is stopped (here); a hop stops a sink that takes
+    nothing for half of it, so the others still get the stream; None waits as long as the stream lasts.
+    `stalled` says when this node stopped it."""
     files_known = [known_hosts or os.path.expanduser("~/.ssh/known_hosts"), GLOBAL_KNOWN_HOSTS]
     lines = known_host_lines(bins["ssh-keygen"], files_known, [h["address"] for h in hops[1:]])
     unknown = unknown_hosts(hops, lines)
@@ -319,6 +376,8 @@ def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, conn
             % (", ".join(unknown), " or ".join(files_known), fallback)
         )
     spec = dict(hop_spec(hops), user=user, known_hosts=lines, connect_timeout=connect_timeout)
+    # A hop stops its own frozen sink in half the time, before this node would stop the whole stream.
+    spec["idle_timeout"] = idle_timeout / 2.0 if idle_timeout else None
     source_b64 = encode(own_source().encode("utf-8"))
     with tempfile.TemporaryDirectory(prefix="dgx-spark-chain-") as workdir, contextlib.ExitStack() as stack:
         seconds = KEY_SECONDS_BASE + KEY_SECONDS_PER_HOP * len(hops)
@@ -326,20 +385,22 @@ def send(source, hops, *, bins, ssh_argv, user, key, known_hosts, fallback, conn
         stack.callback(agent.stop)
         source_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
         ssh_err = stack.enter_context(tempfile.TemporaryFile(dir=workdir))
-        ssh = [*ssh_argv, "-A", "-T", *SSH_OPTIONS, destination(user, hops[0]["address"]), hop_command(source_b64)]
+        ssh = [*ssh_argv, *forward(spec), "-T", *SSH_OPTIONS, destination(user, hops[0]["address"])]
+        ssh.append(hop_command(source_b64))
         source_argv, what = source(workdir)
         first, producer = start_first(ssh, source_argv, header(spec), env=agent.env(), errors=(ssh_err, source_err))
-        pumped = pump(producer, first) if producer else 0
-        reports = finish_downstream(first, ssh_err, [h["host"] for h in hops])
-        # The first hop's own count, or, where its stream ended without one, what the head sent into it.
-        reports[0]["bytes"] = reports[0]["bytes"] or pumped
+        stall = Stall(idle_timeout, [first, producer] if producer else [first])
+        pumped = pump(producer, first, stall) if producer else 0
+        stall.stop()
+        reports = finish_downstream(first, ssh_err, [h["host"] for h in hops], pumped)
         rc = producer.wait() if producer else 0
         source_err.seek(0)
         problem = source_err.read().decode("utf-8", "replace").strip()
     # A source killed by SIGPIPE after a hop stopped reading is that hop's failure, already reported.
-    cut_off = rc == -13 and not all(r["ok"] for r in reports)
+    cut_off = (rc == -13 and not all(r["ok"] for r in reports)) or stall.fired
     source_error = "" if rc == 0 or cut_off else "%s failed (rc %d): %s" % (what, rc, problem[-300:])
-    return dict(reports=reports, source_error=source_error)
+    stalled = "no byte moved for %d s: the stream was stopped" % idle_timeout if stall.fired else ""
+    return dict(reports=reports, source_error=source_error, stalled=stalled)
 
 
 def start_first(ssh_argv, source_argv, spec_line, *, env, errors):
@@ -365,11 +426,13 @@ def flush(pipe):
         return False
 
 
-def pump(producer, first):
+def pump(producer, first, stall):
     """Pass the source's stream to the first hop; the bytes it took (what the head sent, counted here because a
-    hop whose node dies mid-stream reports nothing)."""
+    hop whose node dies mid-stream reports nothing). Any step without progress is watched, a source that sends
+    nothing included (docker save stages the whole image first: the timeout must allow for that)."""
     sent = 0
     while True:
+        stall.begin()
         chunk = producer.stdout.read(CHUNK)
         if not chunk or not write(first.stdin, chunk):
             break

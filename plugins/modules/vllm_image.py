@@ -132,6 +132,9 @@ options:
         first byte only after this node's engine has written the whole image to its temporary directory,
         and C(docker load) answers only after the peer has unpacked it; for a 20 GB image on a slow disk
         each takes minutes.
+      - With O(copy_topology=chain), the seconds without a byte moving before this node stops the stream; a peer
+        stops a C(docker load) that takes nothing for half of it (a frozen engine or disk; the peers after it
+        still get the stream).
     type: int
     default: 1800
   require_ray:
@@ -340,18 +343,30 @@ peers:
       description: Peer's in-service image ID after.
       type: str
     bytes_moved:
-      description: Bytes streamed to the peer.
+      description: Bytes that reached the peer (from this node, or from the peer before it in the chain).
       type: int
     seconds:
       description: Seconds the stream to the peer took (0 when its image ID already matched).
       type: float
+    source:
+      description: Where the peer's copy came from, C(this node) or the peer before it in the chain; empty when
+        its image ID already matched.
+      type: str
 bytes_moved:
-  description: Bytes streamed to all peers.
+  description: Bytes that reached all peers together (with O(copy_topology=chain) more than this node sent).
   returned: always
   type: int
+sent_bytes:
+  description: Bytes this node sent into the chain (one copy whatever the number of peers).
+  returned: when O(copy_topology=chain) copied to a peer
+  type: int
+chain_seconds:
+  description: Seconds the chain copy took, from this node's docker save to the last peer's docker load.
+  returned: when O(copy_topology=chain) copied to a peer
+  type: float
 failed_peer:
   description: Name of the peer whose copy broke (its engine stopped answering, or the stream broke).
-  returned: when a copy to a peer fails
+  returned: when a copy to a peer fails (not when this node's own docker save failed)
   type: str
 """
 
@@ -388,7 +403,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._image import (
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text, write_text
 
 # A peer the chain reaches: ssh://USER@ADDRESS, an IPv6 address bare or bracketed, no port.
-SSH_PEER = re.compile(r"^ssh://(?P<user>[^@/]+)@(?:\[(?P<bracketed>[^\]/@]+)\]|(?P<address>[^\[\]/@]+))$")
+SSH_PEER = re.compile(r"^ssh://(?P<user>[^-@/\s][^@/\s]*)@(?:\[(?P<bracketed>[^\]/@]+)\]|(?P<address>[^\[\]/@]+))$")
 # Docker's reference grammar, simplified: lower-case path components, optional tag and digest.
 IMAGE_REFERENCE = re.compile(
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
@@ -601,6 +616,7 @@ class ImageManager:
                 key=self.p["ssh_key"],
                 known_hosts=self.p["ssh_known_hosts"],
                 fallback="copy_topology=star (runtime_image_copy_topology)",
+                idle_timeout=self.p["copy_timeout"],
             )
         except (OSError, RuntimeError) as exc:
             self.fail("peers: the chain copy of %s could not start: %s" % (tag, exc))
@@ -611,10 +627,12 @@ class ImageManager:
         self.result["sent_bytes"] = sent["reports"][0]["bytes"] if sent["reports"] else 0
         self.result["chain_seconds"] = round(time.monotonic() - started, 2)
         failed = [r for r in sent["reports"] if not r["ok"]]
-        if failed or sent["source_error"]:
-            reasons = [sent["source_error"]] if sent["source_error"] else []
+        if failed or sent["source_error"] or sent["stalled"]:
+            reasons = [why for why in (sent["source_error"], sent["stalled"]) if why]
             reasons += [self.hop_failure(r, stale) for r in failed]
-            self.result["failed_peer"] = failed[0]["host"] if failed else hops[0]["host"]
+            # A broken docker save here fails the first load too: the peer is not the cause.
+            if failed and not sent["source_error"]:
+                self.result["failed_peer"] = failed[0]["host"]
             self.fail(
                 "peers: the chain copy of %s (%s) did not complete: %s. A peer keeps what it had as %s unless its "
                 "docker load finished; check SSH between these nodes (the next node's host key known to this node) "

@@ -33,11 +33,19 @@ if dest == os.environ.get("FAKE_SSH_CUT"):
     sys.stdin.buffer.read(2 << 20)  # the node dies mid-stream: its relay never reports
     sys.stderr.write("Connection to %s closed by remote host.\n" % dest.split("@")[1])
     sys.exit(255)
-if "-A" not in args or "SSH_AUTH_SOCK" not in os.environ:
+# A relay's ssh holds no key of its own: it logs in only through the agent forwarded to it.
+if "-i" not in args and "SSH_AUTH_SOCK" not in os.environ:
+    sys.stderr.write("%s: Permission denied (publickey).\n" % dest)
+    sys.exit(255)
+if "-A" in args and "SSH_AUTH_SOCK" not in os.environ:
     sys.stderr.write("no agent to forward\n")
     sys.exit(255)
-# The remote side learns which hop it is (a fake docker keys on it; every hop runs on this one machine).
-sys.exit(subprocess.call(["/bin/sh", "-c", args[-1]], env=dict(os.environ, FAKE_SSH_DEST=dest)))
+# The remote side learns which hop it is (a fake docker keys on it; every hop runs on this one machine), and
+# holds the agent only where -A forwarded it.
+env = dict(os.environ, FAKE_SSH_DEST=dest)
+if "-A" not in args:
+    env.pop("SSH_AUTH_SOCK", None)
+sys.exit(subprocess.call(["/bin/sh", "-c", args[-1]], env=env))
 """
 
 
@@ -115,6 +123,9 @@ def test_three_workers_get_the_head_files_and_each_is_sent_one_copy(lab):
     # The head connects to w1 with its key; each worker to the next through the forwarded agent only.
     assert [a[-2] for a in argvs] == ["root@10.0.0.2", "root@10.0.0.3", "root@10.0.0.4"]
     assert "-i" in argvs[0] and all("-i" not in a for a in argvs[1:])
+    # The agent goes only to hops that connect on: not to the last.
+    assert ["-A" in a for a in argvs] == [True, True, False]
+    assert all("ControlPath=none" in a for a in argvs)
     # Each worker checks the next one's host key against the line the head knows for that address, only.
     assert all("StrictHostKeyChecking=yes" in a for a in argvs[1:])
     assert [c["known"].split()[0] for c in calls[1:]] == ["10.0.0.3", "10.0.0.4"]
@@ -247,11 +258,21 @@ if len(args) == 4 and args[0] == "-H" and args[2] == "save":
         sys.stderr.write(os.environ["FAKE_DOCKER_SAVE_FAIL"] + "\n")
         sys.exit(1)
     data = hashlib.shake_256(args[3].encode()).digest(int(os.environ["FAKE_DOCKER_SAVE_BYTES"]))
+    if os.environ.get("FAKE_DOCKER_SAVE_HANG"):
+        sys.stdout.buffer.write(data[: 1 << 20])
+        sys.stdout.buffer.flush()
+        import time
+        time.sleep(60)
     for start in range(0, len(data), 65536):
         sys.stdout.buffer.write(data[start : start + 65536])
     sys.stdout.buffer.flush()
     sys.exit(0)
 if args == ["load", "-q"]:
+    if dest == os.environ.get("FAKE_DOCKER_LOAD_HANG"):
+        sys.stdin.buffer.read(1 << 20)  # then a frozen engine: takes nothing more, says nothing
+        import time
+        time.sleep(60)
+        sys.exit(0)
     if dest == os.environ.get("FAKE_DOCKER_LOAD_FAIL"):
         sys.stdin.buffer.read(1 << 20)  # then gives up: the relay's writes to it break
         sys.stderr.write("Error processing tar file(exit status 1): write /var/lib/docker: no space left on device\n")
@@ -294,7 +315,7 @@ def image_hops(names):
     return [dict(host=name, address="10.0.0.%d" % (i + 2), user="root", load=True) for i, name in enumerate(names)]
 
 
-def send_image(lab, hops):
+def send_image(lab, hops, idle_timeout=None):
     return _chain_copy.send(
         _chain_copy.image_source("docker", HEAD_ENGINE, IMAGE),
         hops,
@@ -304,6 +325,7 @@ def send_image(lab, hops):
         user="root",
         key=lab["key"],
         known_hosts=lab["known"],
+        idle_timeout=idle_timeout,
     )
 
 
@@ -338,6 +360,9 @@ def test_three_workers_load_the_head_image_and_the_head_saves_and_sends_one_copy
     argvs = [c["argv"] for c in ssh_log(images)]
     assert [a[-2] for a in argvs] == ["root@10.0.0.2", "root@10.0.0.3", "root@10.0.0.4"]
     assert "-i" in argvs[0] and all("-i" not in a for a in argvs[1:])
+    # The agent goes only to hops that connect on: not to the last.
+    assert ["-A" in a for a in argvs] == [True, True, False]
+    assert all("ControlPath=none" in a for a in argvs)
     assert all("StrictHostKeyChecking=yes" in a for a in argvs[1:])
     assert [c["known"].split()[0] for c in ssh_log(images)[1:]] == ["10.0.0.3", "10.0.0.4"]
 
@@ -389,3 +414,34 @@ def test_a_first_worker_whose_node_dies_mid_stream_is_named_with_the_bytes_the_h
     # What the head sent before the pipe broke: at least what the dead node read, never the whole stream.
     assert 2 << 20 <= w1["bytes"] < 16 * _chain_copy.CHUNK, w1
     assert not w2["ok"] and w2["error"] == "not reached: the stream to w1 ended" and w2["bytes"] == 0
+
+
+def test_a_worker_whose_engine_freezes_is_stopped_after_the_idle_timeout_and_the_next_gets_every_byte(
+    images, monkeypatch
+):
+    monkeypatch.setenv("FAKE_DOCKER_LOAD_HANG", "root@10.0.0.2")
+    started = time.monotonic()
+    result = send_image(images, image_hops(["w1", "w2"]), idle_timeout=4)
+    assert time.monotonic() - started < 30
+    w1, w2 = result["reports"]
+    assert not w1["ok"] and w1["error"].startswith("docker load took no bytes for 2 s"), w1
+    assert w2["ok"] and w2["bytes"] == IMAGE_BYTES and result["stalled"] == "" and result["source_error"] == ""
+    assert loaded(images) == {"root@10.0.0.3": [images["saved"]]}
+
+
+def test_a_source_that_stops_sending_is_stopped_after_the_idle_timeout(images, monkeypatch):
+    monkeypatch.setenv("FAKE_DOCKER_SAVE_HANG", "1")
+    started = time.monotonic()
+    result = send_image(images, image_hops(["w1"]), idle_timeout=2)
+    assert time.monotonic() - started < 30
+    assert result["stalled"] == "no byte moved for 2 s: the stream was stopped"
+    assert result["source_error"] == ""
+
+
+def test_a_relayed_worker_whose_node_dies_mid_stream_is_named_with_the_bytes_passed_to_it(images, monkeypatch):
+    monkeypatch.setenv("FAKE_DOCKER_SAVE_BYTES", str(16 * _chain_copy.CHUNK))
+    monkeypatch.setenv("FAKE_SSH_CUT", "root@10.0.0.3")
+    w1, w2 = send_image(images, image_hops(["w1", "w2"]))["reports"]
+    assert w1["ok"] and w1["bytes"] == 16 * _chain_copy.CHUNK
+    assert not w2["ok"] and w2["error"].startswith("the stream to w2 ended (ssh rc 255)")
+    assert 2 << 20 <= w2["bytes"] <= 16 * _chain_copy.CHUNK, w2

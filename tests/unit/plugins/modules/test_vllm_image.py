@@ -332,6 +332,7 @@ def chain(monkeypatch, engine, tmp_path):
     by_name = {p["name"]: engine.peers[p["docker_host"]] for p in CHAIN_PEERS}
     fake = type("Chain", (), {})()
     fake.calls, fake.fail, fake.skip_load = [], {}, set()
+    fake.source_error, fake.stalled = "", ""
     fake.args = {"ssh_key": str(tmp_path / "id_peer"), "ssh_known_hosts": str(tmp_path / "known_hosts")}
 
     def send(source, hops, **kwargs):
@@ -342,7 +343,7 @@ def chain(monkeypatch, engine, tmp_path):
             if not error and hop["host"] not in fake.skip_load:
                 by_name[hop["host"]].add(IN_SERVICE, engine.tags[IN_SERVICE].id)
             reports.append(dict(host=hop["host"], ok=not error, bytes=7000, files=0, seconds=1.5, error=error))
-        return dict(reports=reports, source_error="")
+        return dict(reports=reports, source_error=fake.source_error, stalled=fake.stalled)
 
     monkeypatch.setattr(_chain_copy, "send", send)
     monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: "/usr/bin/" + name)
@@ -483,3 +484,15 @@ def test_chain_check_mode_sends_nothing(monkeypatch, engine, chain, model_dir):
         (None, "sha256:donor", 0)
     ] * 3
     assert all(IN_SERVICE not in peer.tags for peer in engine.peers.values())
+
+
+def test_chain_stalled_or_failed_save_is_this_node_s_not_a_peer_s(monkeypatch, engine, chain, model_dir):
+    engine.add("lab/donor:1", "sha256:donor")
+    chain.stalled = "no byte moved for 1800 s: the stream was stopped"
+    chain.fail["spark-2"] = "the stream to spark-2 ended (ssh rc -9): no answer"
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain, CHAIN_PEERS[:1]))
+    assert failed and "no byte moved for 1800 s" in result["msg"] and result["failed_peer"] == "spark-2"
+    assert chain.calls[0]["idle_timeout"] == 1800
+    chain.stalled, chain.source_error = "", "docker save of %s failed (rc 1): no such image" % IN_SERVICE
+    failed, result = run_module(monkeypatch, vllm_image, chain_args(model_dir, chain, CHAIN_PEERS[:1]))
+    assert failed and "docker save of" in result["msg"] and "failed_peer" not in result
