@@ -350,7 +350,8 @@ def chain(monkeypatch, engine, tmp_path):
     return fake
 
 
-def chain_args(model_dir, chain, peers=CHAIN_PEERS, **extra):
+def chain_args(model_dir, chain, peers=None, **extra):
+    peers = CHAIN_PEERS if peers is None else peers
     args = {"pull": "lab/donor:1", "model_dir": model_dir, "peers": peers, "copy_topology": "chain"}
     return dict(args, **chain.args, **extra)
 
