@@ -40,32 +40,18 @@ _raw:
   elements: str
 """
 
-import functools
-import glob
 import hashlib
 import json
-import os
 
 from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
+from ansible_collections.dgx_spark.vllm.plugins.plugin_utils._digest import collection_version, file_digests
 
 # The shared settings (roles/cluster) every stage may read: a change there reruns the stages.
 SHARED_PREFIX = "cluster_"
-COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@functools.cache
-def collection_version():
-    """This collection's version (galaxy.yml in a checkout, MANIFEST.json when installed): new code, new digest."""
-    manifest = os.path.join(COLLECTION_ROOT, "MANIFEST.json")
-    if os.path.exists(manifest):
-        with open(manifest, encoding="utf-8") as handle:
-            return json.load(handle)["collection_info"]["version"]
-    with open(os.path.join(COLLECTION_ROOT, "galaxy.yml"), encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith("version:"):
-                return line.split(":", 1)[1].strip().strip("\"'")
-    return None
+# The role's tasks, its fixed vars (the engine's cache variables, the serve arguments) and what it writes
+# from (templates, files: a changed rule or config template must run the stage).
+ROLE_FILES = ("tasks/*.yml", "vars/*.yml", "templates/**/*", "files/**/*")
 
 
 class LookupModule(LookupBase):
@@ -83,19 +69,7 @@ class LookupModule(LookupBase):
         prefixes = (prefix, SHARED_PREFIX)
         names = sorted(name for name in variables if name.startswith(prefixes) and not name.endswith("_token"))
         settings = {name: self._templar.template(variables[name]) for name in names}
-        sources = []
-        root = self._templar.template(role_path)
-        # The role's tasks, its fixed vars (the engine's cache variables, the serve arguments) and what it
-        # writes from (templates, files: a changed rule or config template must run the stage).
-        files = [
-            path
-            for pattern in ("tasks/*.yml", "vars/*.yml", "templates/**/*", "files/**/*")
-            for path in glob.glob(os.path.join(root, pattern), recursive=True)
-            if os.path.isfile(path)
-        ]
-        for path in sorted(files):
-            with open(path, "rb") as handle:
-                sources.append([os.path.relpath(path, root), hashlib.sha256(handle.read()).hexdigest()])
+        sources = file_digests(self._templar.template(role_path), ROLE_FILES)
         blob = json.dumps(
             dict(settings=settings, tasks=sources, collection=collection_version(), extra=self.get_option("extra")),
             sort_keys=True,

@@ -55,21 +55,36 @@ def file_digest(path):
 
 
 def load_record(path):
-    """The stages recorded at path ({} when there is no record or it is from another version)."""
+    """The record at path: {"stages": {name: record}, "plan": plan or None}; empty when there is none or it is
+    from another version."""
     text = read_text(path)
-    if not text:
-        return {}
     try:
-        data = json.loads(text)
+        data = json.loads(text) if text else {}
     except ValueError:
-        return {}
+        data = {}
     if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
-        return {}
-    return data.get("stages") or {}
+        data = {}
+    return dict(stages=data.get("stages") or {}, plan=data.get("plan") or None)
 
 
-def dump_record(stages):
-    return json.dumps(dict(version=RECORD_VERSION, stages=stages), indent=2, sort_keys=True) + "\n"
+def dump_record(stages, plan=None):
+    data = dict(version=RECORD_VERSION, stages=stages)
+    if plan:
+        data["plan"] = plan
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def planned(path, key):
+    """(stages, endpoint, why not): the stages and endpoint the record's plan holds when it was made with key.
+
+    A plan is recorded after a successful run with every stage recorded under its settings (record's plan);
+    key names the settings and code of a run (lookup plan_key)."""
+    plan = load_record(path)["plan"]
+    if not plan:
+        return None, None, "no plan recorded by a successful run"
+    if plan.get("key") != key:
+        return None, None, "the settings or the collection changed since the last successful run"
+    return plan["stages"], plan.get("endpoint"), None
 
 
 class LiveState:
@@ -256,7 +271,7 @@ def probe(module, path, stages, endpoint=None):
 
     `endpoint` (stage name, ask): ask() returns the warm check (module_utils/_probe.py ask_once) of the
     endpoint that stage serves; one that fails makes the stage run. Returns (stages, first_run, seconds, served)."""
-    recorded = load_record(path)
+    recorded = load_record(path)["stages"]
     live = LiveState(module)
     # Every stage's live state at once (the pings, SSH attempts and the endpoint wait on the network); the
     # chain below decides which readings count.
@@ -320,14 +335,16 @@ def check(module, stages):
     return [(stage["name"], live.read(stage.get("checks") or {})[1]) for stage in stages]
 
 
-def record(module, path, stages):
+def record(module, path, stages, plan=None):
     """Record every stage given (run just now): settings digest, live fingerprint and facts.
 
-    Returns (recorded names, skipped {name: problems}, changed). A stage whose live checks fail now is
-    not recorded (and an older record of it is dropped), so the next run does it again.
+    Returns (recorded names, skipped {name: problems}, changed, text). A stage whose live checks fail now is
+    not recorded (and an older record of it is dropped), so the next run does it again. With plan (key, stages
+    with their inputs and checks, endpoint), the plan is recorded when every one of its stages is recorded with
+    those inputs; otherwise it is dropped (skipped["plan"] says why). Without plan, the old one is kept.
     """
     current = load_record(path)
-    updated = dict(current)
+    updated = dict(current["stages"])
     live = LiveState(module)
     done, skipped = [], {}
     # This node's clock; only this node's records are compared with it (probe).
@@ -342,7 +359,28 @@ def record(module, path, stages):
             inputs=stage["inputs"], fingerprint=fingerprint, facts=stage.get("facts") or {}, at=at
         )
         done.append(stage["name"])
-    return done, skipped, updated != current, dump_record(updated)
+    new_plan = current["plan"]
+    if plan is not None:
+        stale = [
+            stage["name"]
+            for stage in plan["stages"]
+            if (updated.get(stage["name"]) or {}).get("inputs") != stage["inputs"]
+        ]
+        new_plan = None
+        if stale:
+            skipped["plan"] = ["not recorded under these settings: %s" % ", ".join(stale)]
+        else:
+            new_plan = dict(
+                key=plan["key"],
+                stages=[
+                    dict(name=stage["name"], inputs=stage["inputs"], checks=stage.get("checks") or {})
+                    for stage in plan["stages"]
+                ],
+                # The API key is never written: the probe is given it.
+                endpoint={k: v for k, v in (plan.get("endpoint") or {}).items() if k != "api_key"} or None,
+            )
+    changed = updated != current["stages"] or new_plan != current["plan"]
+    return done, skipped, changed, dump_record(updated, new_plan)
 
 
 # The checks a stage may name: one per LiveState.check_<name>.

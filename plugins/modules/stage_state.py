@@ -17,6 +17,10 @@ description:
     that differs (file digests, image IDs, model manifest, GPUs, boot id) make a stage run, and every stage after it.
   - With O(operation=check), runs the stages' pass-or-fail checks now and reports what fails; it reads no
     record and writes none (preflight checks the head's node-to-node SSH this way, as the probe does).
+  - With O(plan), O(operation=record) also records the run's plan (its key and every stage's inputs and checks)
+    once every stage is recorded under those inputs, and O(operation=probe) without O(stages) probes the stages
+    and endpoint the plan holds, when the node's plan was made with the same O(plan.key); otherwise it reads
+    nothing more and says why (RV(plan)).
   - The deploy playbook runs one probe per node instead of every stage's own checks when nothing changed; a
     stage that runs does all its own checks.
 version_added: 0.1.0
@@ -37,10 +41,12 @@ options:
     type: path
     default: /var/lib/dgx-spark/stages.json
   stages:
-    description: The node stages in run order (probe) or the stages that just ran (record).
+    description:
+      - The node stages in run order (probe) or the stages that just ran (record).
+      - Required unless O(plan) is given to O(operation=probe) or O(operation=record).
     type: list
     elements: dict
-    required: true
+    default: []
     suboptions:
       name:
         description: The stage name.
@@ -112,6 +118,34 @@ options:
         description: Seconds the whole probe may take, the completion included.
         type: int
         default: 60
+  plan:
+    description:
+      - The run's plan. O(operation=probe) with O(plan) and no O(stages) reads the node's recorded plan; when its
+        key is O(plan.key), the node is probed as with the plan's stages and endpoint given.
+      - O(operation=record) records it once every stage of O(plan.stages) is recorded with those inputs (after
+        the stages in O(stages), if any, are); otherwise the node's plan is dropped.
+    type: dict
+    suboptions:
+      key:
+        description: A digest of everything the run's stages are made from (lookup C(dgx_spark.vllm.plan_key)).
+        type: str
+        required: true
+      stages:
+        description:
+          - Every stage of the run in order, each with the keys of O(stages) (record); C(facts) is not used here
+            (each stage's own record holds them).
+        type: list
+        elements: dict
+        default: []
+      endpoint:
+        description:
+          - The endpoint the plan's probe asks, with the keys of O(endpoint) (record); C(stage), C(host), C(port)
+            and C(served_model_name) are required, the others take O(endpoint)'s defaults. Its C(api_key) is not
+            written.
+        type: dict
+      api_key:
+        description: The API key for the plan's endpoint probe (probe), sent in the C(Authorization) header only.
+        type: str
 attributes:
   check_mode:
     support: full
@@ -189,6 +223,14 @@ endpoint:
   returned: when O(operation=probe), O(endpoint) is given and its stage's record holds the same settings
   type: dict
   sample: {"probe": {"ok": true, "step": null, "latency_s": 0.49, "seconds": 0.57}, "model": "qwen3.5-122b"}
+plan:
+  description:
+    - With O(plan), probe - whether the node's plan was made with O(plan.key) (C(matched); when not, nothing was
+      probed, RV(stages) is empty) and why not (C(why)); record - whether the plan was recorded (C(recorded)) and
+      why not (C(why)).
+  returned: when O(plan) is given to O(operation=probe) or O(operation=record)
+  type: dict
+  sample: {"matched": false, "why": "the settings or the collection changed since the last successful run"}
 first_run:
   description: Index in O(stages) of the first stage that runs; the number of stages when none does (probe).
   returned: when O(operation=probe)
@@ -197,9 +239,16 @@ first_run:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.urls import open_url
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _probe
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import CHECK_KEYS, check, probe, record
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import (
+    CHECK_KEYS,
+    check,
+    planned,
+    probe,
+    record,
+)
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import write_text
 
 
@@ -209,48 +258,73 @@ def ask(served):
     return _probe.probe_url(open_url, base, served, once=True)
 
 
+def validated(module, what, given, options):
+    """given checked against options (an argument spec) as AnsibleModule checks its own; fails naming what."""
+    result = ArgumentSpecValidator(options).validate(given)
+    if result.error_messages:
+        module.fail_json(msg="%s: %s" % (what, "; ".join(result.error_messages)))
+    return result.validated_parameters
+
+
 def main():
+    stage_options = dict(
+        name=dict(type="str", required=True),
+        inputs=dict(type="str", required=True),
+        facts=dict(type="dict", default={}),
+        checks=dict(type="dict", default={}),
+    )
+    endpoint_options = dict(
+        stage=dict(type="str", required=True),
+        host=dict(type="str", required=True),
+        port=dict(type="int", required=True),
+        **_probe.PROBE_ARGS,
+    )
     module = AnsibleModule(
         argument_spec=dict(
             operation=dict(type="str", choices=["probe", "record", "check"], required=True),
             path=dict(type="path", default="/var/lib/dgx-spark/stages.json"),
-            stages=dict(
-                type="list",
-                elements="dict",
-                required=True,
-                options=dict(
-                    name=dict(type="str", required=True),
-                    inputs=dict(type="str", required=True),
-                    facts=dict(type="dict", default={}),
-                    checks=dict(type="dict", default={}),
-                ),
-            ),
-            endpoint=dict(
+            stages=dict(type="list", elements="dict", default=[], options=stage_options),
+            endpoint=dict(type="dict", options=endpoint_options),
+            plan=dict(
                 type="dict",
                 options=dict(
-                    stage=dict(type="str", required=True),
-                    host=dict(type="str", required=True),
-                    port=dict(type="int", required=True),
-                    **_probe.PROBE_ARGS,
+                    key=dict(type="str", required=True, no_log=False),
+                    # Checked below against stage_options and endpoint_options, as O(stages) and O(endpoint).
+                    stages=dict(type="list", elements="dict", default=[]),
+                    endpoint=dict(type="dict"),
+                    api_key=dict(type="str", no_log=True),
                 ),
             ),
         ),
         supports_check_mode=True,
     )
-    path, stages = module.params["path"], module.params["stages"]
-    for stage in stages:
+    path, stages, plan = module.params["path"], module.params["stages"], module.params["plan"]
+    if plan:
+        plan["stages"] = [validated(module, "plan.stages", stage, stage_options) for stage in plan["stages"]]
+        if plan["endpoint"]:
+            plan["endpoint"] = validated(module, "plan.endpoint", plan["endpoint"], endpoint_options)
+    for stage in stages + (plan["stages"] if plan else []):
         unknown = sorted(set(stage["checks"]) - CHECK_KEYS)
         if unknown:
             module.fail_json(
                 msg="stages: %s has unknown checks %s; use %s."
                 % (stage["name"], unknown, ", ".join(sorted(CHECK_KEYS)))
             )
+    if not stages and not (plan and module.params["operation"] in ("probe", "record")):
+        module.fail_json(msg="stages: give the stages (or, to probe or record a plan, plan).")
     if module.params["operation"] == "probe":
         served = module.params["endpoint"]
+        extra = {}
+        if plan and not stages:
+            # The one look of a converged cluster: the stages and endpoint the last successful run recorded.
+            stages, served, why = planned(path, plan["key"])
+            extra["plan"] = dict(matched=why is None, why=why)
+            if why:
+                module.exit_json(changed=False, stages=[], first_run=0, seconds={}, **extra)
+            served = dict(served, api_key=plan["api_key"]) if served else None
         found, first_run, seconds, answer = probe(
             module, path, stages, endpoint=(served["stage"], lambda: ask(served)) if served else None
         )
-        extra = {}
         if answer is not None:
             extra["endpoint"] = dict(probe=answer)
             if answer["ok"]:
@@ -263,11 +337,15 @@ def main():
             for name, problems in check(module, stages)
         ]
         module.exit_json(changed=False, stages=found)
-    done, skipped, changed, text = record(module, path, stages)
+    done, skipped, changed, text = record(module, path, stages, plan)
     if changed and not module.check_mode:
         write_text(module, path, text, "0600")
+    extra = {}
+    if plan is not None:
+        extra["plan"] = dict(recorded="plan" not in skipped, why=(skipped.get("plan") or [None])[0])
     module.exit_json(
         changed=changed,
+        **extra,
         stages=[
             dict(name=stage["name"], converged=stage["name"] in done, reasons=skipped.get(stage["name"], []), facts={})
             for stage in stages

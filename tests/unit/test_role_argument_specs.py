@@ -22,7 +22,13 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLES = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(ROOT, "roles", "*", "tasks")))
 # Where a role may be entered with tasks_from: (the Molecule scenarios enter roles too).
-CALLERS = ["playbooks/*.yml", "roles/*/tasks/*.yml", "deploy-qwen35.yml", "extensions/molecule/*/*.yml"]
+CALLERS = [
+    "playbooks/*.yml",
+    "playbooks/tasks/*.yml",
+    "roles/*/tasks/*.yml",
+    "deploy-qwen35.yml",
+    "extensions/molecule/*/*.yml",
+]
 INCLUDE_ROLE = ("ansible.builtin.include_role", "ansible.builtin.import_role", "include_role", "import_role")
 INCLUDE_TASKS = ("ansible.builtin.include_tasks", "ansible.builtin.import_tasks", "include_tasks", "import_tasks")
 COLLECTION = "dgx_spark.vllm."
@@ -80,7 +86,9 @@ def calls():
         for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
             data = load(path)
             plays = data if isinstance(data, list) else []
-            for play in plays if any(isinstance(p, dict) and "hosts" in p for p in plays) else [{"tasks": plays}]:
+            # A task file (playbooks/tasks, a role's tasks) read as the tasks of one play.
+            is_playbook = any(isinstance(p, dict) and "hosts" in p for p in plays)
+            for play in plays if is_playbook else [{"hosts": None, "tasks": plays}]:
                 play_vars = play.get("vars") or {} if isinstance(play, dict) else {}
                 for task in tasks_of(play):
                     for key in INCLUDE_ROLE:

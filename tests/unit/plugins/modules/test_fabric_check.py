@@ -26,7 +26,10 @@ def host_with(monkeypatch, fixture, big, small=None, *, peer=PEER0):
     return host
 
 
-def test_all_rails_answer(monkeypatch):
+@pytest.mark.parametrize(("euid", "interval"), [(0, "0.01"), (1000, "0.2")])
+def test_all_rails_answer(monkeypatch, euid, interval):
+    # Root sends the pings 10 ms apart; any other user at ping's shortest, 0.2 s.
+    monkeypatch.setattr("os.geteuid", lambda: euid)
     host = host_with(monkeypatch, "addr_configured", "ping_ok")
     host.ping_results[(IF1, PEER1, True)] = recorded("ping", "ping_ok")
     rails = [dict(interface=IF0, peers=[PEER0]), dict(interface=IF1, peers=[PEER1], name="twin-b")]
@@ -39,7 +42,7 @@ def test_all_rails_answer(monkeypatch):
         ("twin-b", True, 0.123),
     ]
     pings = [c for c in host.calls if c[0].endswith("ping")]
-    assert pings[0][1:] == ["-M", "do", "-s", "8972", "-c", "3", "-i", "0.2", "-W", "1", "-w", "2", "-I", IF0, PEER0]
+    assert pings[0][1:] == ["-M", "do", "-s", "8972", "-c", "3", "-i", interval, "-W", "1", "-w", "2", "-I", IF0, PEER0]
 
 
 @pytest.mark.parametrize(

@@ -422,3 +422,90 @@ def test_a_stage_whose_settings_changed_runs_without_asking_its_endpoint(monkeyp
     failed, result = run_module(monkeypatch, stage_state, args)
     assert not failed and result["stages"][0]["reasons"] == ["its settings changed since the last successful run"]
     assert state["keys"] == [] and "endpoint" not in result
+
+
+# --- the plan: one key for a run's settings and code; a node whose plan has it is probed from the record ---
+def plan_probe(monkeypatch, node, key, api_key=None):
+    failed, result = run_module(
+        monkeypatch,
+        stage_state,
+        dict(operation="probe", path=str(node["record"]), plan=dict(key=key, api_key=api_key)),
+    )
+    assert not failed, result
+    return result
+
+
+def record_plan(monkeypatch, node, key, given, endpoint=None):
+    plan = dict(key=key, stages=given)
+    if endpoint:
+        plan["endpoint"] = endpoint
+    return run_module(monkeypatch, stage_state, dict(operation="record", path=str(node["record"]), plan=plan))
+
+
+def test_without_a_plan_or_with_another_key_nothing_is_probed(monkeypatch, node):
+    result = plan_probe(monkeypatch, node, "k1")
+    assert result["plan"] == dict(matched=False, why="no plan recorded by a successful run")
+    assert result["stages"] == [] and result["first_run"] == 0
+    assert not record(monkeypatch, node)[0]
+    assert not record_plan(monkeypatch, node, "k1", stages(node))[0]
+    result = plan_probe(monkeypatch, node, "k2")
+    assert result["plan"]["matched"] is False and result["plan"]["why"].startswith("the settings or the collection")
+    # Nothing was read: no ping went out for the other key.
+    assert result["seconds"] == {}
+
+
+def test_the_plan_probes_the_recorded_checks_and_sees_drift(monkeypatch, node):
+    assert not record(monkeypatch, node, facts={"fabric": {"fabric_ip": "198.18.100.11"}})[0]
+    failed, result = record_plan(monkeypatch, node, "k1", stages(node))
+    assert not failed and result["plan"] == dict(recorded=True, why=None) and result["changed"] is True
+    # The same plan again changes nothing on the node.
+    assert record_plan(monkeypatch, node, "k1", stages(node))[1]["changed"] is False
+    result = plan_probe(monkeypatch, node, "k1")
+    assert result["plan"]["matched"] is True and result["first_run"] == 3
+    assert verdicts(result) == [("preflight", True), ("fabric", True), ("runtime_image", True)]
+    assert result["stages"][1]["facts"] == {"fabric_ip": "198.18.100.11"}
+    # The recorded checks are read live: an edited env file runs the fabric stage and the later ones.
+    node["env"].write_text("NCCL_SOCKET_IFNAME=other\n")
+    result = plan_probe(monkeypatch, node, "k1")
+    assert result["first_run"] == 1 and verdicts(result)[1:] == [("fabric", False), ("runtime_image", False)]
+
+
+def test_a_plan_is_kept_only_where_every_stage_is_recorded_under_its_settings(monkeypatch, node):
+    assert not record(monkeypatch, node)[0]
+    failed, result = record_plan(monkeypatch, node, "k1", stages(node, fabric="f2"))
+    assert not failed and result["plan"] == dict(recorded=False, why="not recorded under these settings: fabric")
+    assert "plan" not in json.loads(node["record"].read_text())
+    assert plan_probe(monkeypatch, node, "k1")["plan"]["matched"] is False
+    # A stage recorded again later (a --tags run) keeps the plan: its probe compares that stage's settings.
+    assert not record_plan(monkeypatch, node, "k1", stages(node))[0]
+    assert not record(monkeypatch, node, given=stages(node, fabric="f2")[1:2])[0]
+    result = plan_probe(monkeypatch, node, "k1")
+    assert result["plan"]["matched"] is True and result["first_run"] == 1
+    assert result["stages"][1]["reasons"] == ["its settings changed since the last successful run"]
+
+
+def test_the_plan_asks_the_recorded_endpoint_with_the_key_given_never_written(monkeypatch, node, engine):
+    state, port = engine
+    args = serving(node, port)
+    assert not record(monkeypatch, node, given=args["stages"])[0]
+    assert not record_plan(monkeypatch, node, "k1", args["stages"], endpoint=args["endpoint"])[0]
+    assert "s3cret" not in node["record"].read_text()
+    result = plan_probe(monkeypatch, node, "k1", api_key="s3cret")
+    assert verdicts(result) == [("vllm_server", True)] and result["endpoint"]["probe"]["ok"]
+    assert state["asked"] == ["/v1/completions"] and set(state["keys"]) == {"Bearer s3cret"}
+    state["completion"] = 500
+    result = plan_probe(monkeypatch, node, "k1", api_key="s3cret")
+    assert result["first_run"] == 0 and result["stages"][0]["reasons"][0].startswith(
+        "the endpoint failed its probe at completion"
+    )
+
+
+def test_neither_stages_nor_a_plan_is_refused(monkeypatch, node):
+    failed, result = run_module(monkeypatch, stage_state, dict(operation="probe", path=str(node["record"])))
+    assert failed and result["msg"].startswith("stages: give the stages")
+
+
+def test_a_plan_endpoint_without_its_required_keys_is_refused(monkeypatch, node):
+    failed, result = record_plan(monkeypatch, node, "k1", stages(node), endpoint=dict(stage="vllm_server", port=8000))
+    assert failed and result["msg"].startswith("plan.endpoint: missing required arguments: host, served_model_name")
+    assert not node["record"].exists()
