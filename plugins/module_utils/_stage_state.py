@@ -273,15 +273,25 @@ def probe(module, path, stages, endpoint=None):
     endpoint that stage serves; one that fails makes the stage run. Returns (stages, first_run, seconds, served)."""
     recorded = load_record(path)["stages"]
     live = LiveState(module)
-    # Every stage's live state at once (the pings, SSH attempts and the endpoint wait on the network); the
-    # chain below decides which readings count.
-    with ThreadPoolExecutor(max_workers=len(stages) + 1) as pool:
-        # A stage whose settings changed runs anyway: its endpoint is not asked (a hung one is not waited for).
-        wanted = {stage["name"]: stage["inputs"] for stage in stages}
-        same = endpoint and (recorded.get(endpoint[0]) or {}).get("inputs") == wanted.get(endpoint[0])
-        asked = pool.submit(endpoint[1]) if same else None
+    # A stage whose settings changed runs anyway: its endpoint is not asked (a hung one is not waited for).
+    wanted = {stage["name"]: stage["inputs"] for stage in stages}
+    same = endpoint and (recorded.get(endpoint[0]) or {}).get("inputs") == wanted.get(endpoint[0])
+    # The endpoint is asked alongside the live checks, in a thread the module's exit does not wait for.
+    answer = {}
+    asking = threading.Thread(target=lambda: answer.update(served=endpoint[1]()), daemon=True) if same else None
+    if asking:
+        asking.start()
+    # Every stage's live state at once (the pings and SSH attempts wait on the network); the chain below
+    # decides which readings count.
+    with ThreadPoolExecutor(max_workers=len(stages)) as pool:
         readings = list(pool.map(lambda stage: live.read(stage.get("checks") or {}), stages))
-        served = asked.result() if asked else None
+    served = None
+    if asking:
+        before = [stage["name"] for stage in stages][: list(wanted).index(endpoint[0])]
+        # An earlier stage that runs restarts the engine anyway: a refused or hung endpoint is not waited out.
+        if not any(own_reasons(recorded.get(name), wanted[name], readings[i]) for i, name in enumerate(before)):
+            asking.join()
+            served = answer.get("served")
     if served is not None:
         live.seconds["endpoint"] = served["seconds"]
     out = []
@@ -294,21 +304,10 @@ def probe(module, path, stages, endpoint=None):
         record = recorded.get(name)
         if index > first_run:
             reasons = ["an earlier stage (%s) runs" % stages[first_run]["name"]]
-        elif record is None:
-            reasons = ["no record of a successful run"]
-        elif record.get("inputs") != stage["inputs"]:
-            reasons = ["its settings changed since the last successful run"]
-        elif record.get("at", 0) < newest:
+        elif record is not None and record.get("inputs") == stage["inputs"] and record.get("at", 0) < newest:
             reasons = ["an earlier stage (%s) ran after its last successful run" % newest_name]
         else:
-            fingerprint, reasons = readings[index]
-            reasons = list(reasons)
-            changed = sorted(
-                key
-                for key in set(fingerprint) | set(record.get("fingerprint", {}))
-                if fingerprint.get(key) != record.get("fingerprint", {}).get(key)
-            )
-            reasons += ["changed since the last successful run: %s" % ", ".join(changed)] if changed else []
+            reasons = own_reasons(record, stage["inputs"], readings[index])
             if served is not None and name == endpoint[0] and not served["ok"]:
                 reasons.append("the endpoint failed its probe at %s: %s" % (served["step"], served["why"]))
         if record and record.get("at", 0) > newest:
@@ -327,6 +326,19 @@ def probe(module, path, stages, endpoint=None):
             )
         )
     return out, first_run, live.seconds, served
+
+
+def own_reasons(record, inputs, reading):
+    """Why a stage runs by its own record and live reading alone (no record, other settings, a failing check,
+    a changed fingerprint); [] when it is converged."""
+    if record is None:
+        return ["no record of a successful run"]
+    if record.get("inputs") != inputs:
+        return ["its settings changed since the last successful run"]
+    fingerprint, problems = reading
+    was = record.get("fingerprint", {})
+    changed = sorted(key for key in set(fingerprint) | set(was) if fingerprint.get(key) != was.get(key))
+    return list(problems) + (["changed since the last successful run: %s" % ", ".join(changed)] if changed else [])
 
 
 def check(module, stages):

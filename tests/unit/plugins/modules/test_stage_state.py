@@ -509,3 +509,17 @@ def test_a_plan_endpoint_without_its_required_keys_is_refused(monkeypatch, node)
     failed, result = record_plan(monkeypatch, node, "k1", stages(node), endpoint=dict(stage="vllm_server", port=8000))
     assert failed and result["msg"].startswith("plan.endpoint: missing required arguments: host, served_model_name")
     assert not node["record"].exists()
+
+
+def test_a_hung_endpoint_is_not_waited_for_when_an_earlier_stage_runs(monkeypatch, node, engine):
+    state, port = engine
+    args = serving(node, port, timeout=3)
+    args["stages"] = [*stages(node), *args["stages"]]
+    assert not record(monkeypatch, node, given=args["stages"])[0]
+    state["completion"] = "hang"
+    node["env"].write_text("NCCL_SOCKET_IFNAME=other\n")
+    failed, result = run_module(monkeypatch, stage_state, args)
+    # The fabric stage runs (and every later one): the hung completion is not waited out, so no answer of
+    # it (waited for, it would be reported as failed at the completion) comes back.
+    assert not failed and result["first_run"] == 1 and "endpoint" not in result
+    assert "endpoint" not in result["seconds"]
