@@ -389,7 +389,8 @@ def record(module, path, stages, plan=None):
                     for stage in plan["stages"]
                 ],
                 # The API key is never written: the probe is given it.
-                endpoint={k: v for k, v in (plan.get("endpoint") or {}).items() if k != "api_key"} or None,
+                endpoint={k: v for k, v in (plan.get("endpoint") or {}).items() if k not in ("api_key", "answer")}
+                or None,
             )
     changed = updated != current["stages"] or new_plan != current["plan"]
     return done, skipped, changed, dump_record(updated, new_plan)

@@ -118,6 +118,11 @@ options:
         description: Seconds the whole probe may take, the completion included.
         type: int
         default: 60
+      answer:
+        description:
+          - The answer this same check gave earlier in the run (RV(endpoint.probe) of a probe with O(plan) that
+            asked it): taken as the endpoint's, which is not asked again (a hung engine is not waited out twice).
+        type: dict
   plan:
     description:
       - The run's plan. O(operation=probe) with O(plan) and no O(stages) reads the node's recorded plan; when its
@@ -253,7 +258,10 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import wr
 
 
 def ask(served):
-    """The warm check of the endpoint this node serves (one completion; probed in full when it fails)."""
+    """The warm check of the endpoint this node serves (one completion; probed in full when it fails), or the
+    answer the same check gave earlier in the run."""
+    if served.get("answer"):
+        return served["answer"]
     base = _probe.local_url(served["host"], served["port"])
     return _probe.probe_url(open_url, base, served, once=True)
 
@@ -277,6 +285,7 @@ def main():
         stage=dict(type="str", required=True),
         host=dict(type="str", required=True),
         port=dict(type="int", required=True),
+        answer=dict(type="dict"),
         **_probe.PROBE_ARGS,
     )
     module = AnsibleModule(

@@ -523,3 +523,16 @@ def test_a_hung_endpoint_is_not_waited_for_when_an_earlier_stage_runs(monkeypatc
     # it (waited for, it would be reported as failed at the completion) comes back.
     assert not failed and result["first_run"] == 1 and "endpoint" not in result
     assert "endpoint" not in result["seconds"]
+
+
+def test_an_answer_given_from_earlier_in_the_run_is_taken_and_the_endpoint_not_asked(monkeypatch, node, engine):
+    state, port = engine
+    args = serving(node, port)
+    record(monkeypatch, node, given=args["stages"])
+    failed_answer = dict(ok=False, step="completion", why="no completion within 60s: the engine hangs", seconds=60.0)
+    args["endpoint"]["answer"] = failed_answer
+    failed, result = run_module(monkeypatch, stage_state, args)
+    assert not failed and state["asked"] == [] and result["endpoint"]["probe"]["why"] == failed_answer["why"]
+    assert result["stages"][0]["reasons"] == [
+        "the endpoint failed its probe at completion: no completion within 60s: the engine hangs"
+    ]
