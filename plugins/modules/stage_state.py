@@ -120,8 +120,8 @@ options:
         default: 60
       answer:
         description:
-          - The answer this same check gave earlier in the run (RV(endpoint.probe) of a probe with O(plan) that
-            asked it): taken as the endpoint's, which is not asked again (a hung engine is not waited out twice).
+          - The answer this same check gave earlier in the run (C(endpoint.probe) of a probe with O(plan) that
+            asked it); it is taken as the endpoint's, which is not asked again (a hung engine is not waited out twice).
         type: dict
   plan:
     description:
