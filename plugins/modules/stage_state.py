@@ -231,8 +231,9 @@ endpoint:
 plan:
   description:
     - With O(plan), probe - whether the node's plan was made with O(plan.key) (C(matched); when not, nothing was
-      probed, RV(stages) is empty) and why not (C(why)); record - whether the plan was recorded (C(recorded)) and
-      why not (C(why)).
+      probed, RV(stages) is empty) and why not (C(why)); when it matched, also the plan's C(stages) (name, inputs,
+      checks) and C(endpoint) (without the API key), which a run that describes only the stages it runs records
+      again; record - whether the plan was recorded (C(recorded)) and why not (C(why)).
   returned: when O(plan) is given to O(operation=probe) or O(operation=record)
   type: dict
   sample: {"matched": false, "why": "the settings or the collection changed since the last successful run"}
@@ -330,6 +331,8 @@ def main():
             extra["plan"] = dict(matched=why is None, why=why)
             if why:
                 module.exit_json(changed=False, stages=[], first_run=0, seconds={}, **extra)
+            # What the run records again for the stages it does not describe anew (no API key is recorded).
+            extra["plan"].update(stages=stages, endpoint=served)
             served = dict(served, api_key=plan["api_key"]) if served else None
         found, first_run, seconds, answer = probe(
             module, path, stages, endpoint=(served["stage"], lambda: ask(served)) if served else None

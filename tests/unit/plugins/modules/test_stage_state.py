@@ -463,6 +463,12 @@ def test_the_plan_probes_the_recorded_checks_and_sees_drift(monkeypatch, node):
     result = plan_probe(monkeypatch, node, "k1")
     assert result["plan"]["matched"] is True and result["first_run"] == 3
     assert verdicts(result) == [("preflight", True), ("fabric", True), ("runtime_image", True)]
+    # The plan's own stages come back, for a run that describes only the stages it runs to record again.
+    given = stages(node)
+    assert [(s["name"], s["inputs"], s["checks"]) for s in result["plan"]["stages"]] == [
+        (s["name"], s["inputs"], s["checks"]) for s in given
+    ]
+    assert result["plan"]["endpoint"] is None
     assert result["stages"][1]["facts"] == {"fabric_ip": "198.18.100.11"}
     # The recorded checks are read live: an edited env file runs the fabric stage and the later ones.
     node["env"].write_text("NCCL_SOCKET_IFNAME=other\n")
@@ -493,6 +499,8 @@ def test_the_plan_asks_the_recorded_endpoint_with_the_key_given_never_written(mo
     result = plan_probe(monkeypatch, node, "k1", api_key="s3cret")
     assert verdicts(result) == [("vllm_server", True)] and result["endpoint"]["probe"]["ok"]
     assert state["asked"] == ["/v1/completions"] and set(state["keys"]) == {"Bearer s3cret"}
+    # The recorded endpoint comes back without the key.
+    assert result["plan"]["endpoint"]["port"] == port and "api_key" not in result["plan"]["endpoint"]
     state["completion"] = 500
     result = plan_probe(monkeypatch, node, "k1", api_key="s3cret")
     assert result["first_run"] == 0 and result["stages"][0]["reasons"][0].startswith(
