@@ -36,7 +36,11 @@ options:
       - A missing file fails, naming it; in check mode it is a warning and reads as empty.
     type: path
   mounts:
-    description: Bind mounts (model directory, caches).
+    description:
+      - Bind mounts (model directory, caches).
+      - The missing source of a writable mount is made (mode 0755) before the container is created, as
+        C(docker run -v) does, where the engine is this node's own (a C(unix://) O(docker_host)); a read-only
+        source must exist.
     type: list
     elements: dict
     default: []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 HASH_LABEL = "dgx_spark.vllm.config_hash"
 RESTART_POLICIES = ["no", "always", "unless-stopped", "on-failure"]
@@ -130,6 +131,17 @@ def container_config(p, image_id, argv, role, env):
         "labels": {str(k): str(v) for k, v in sorted((p.get("labels") or {}).items())},
         "role": role,
     }
+
+
+def make_writable_sources(config, docker_host):
+    """Make the missing source directory of each writable mount (mode 0755), as `docker run -v` does: the API's
+    bind mount refuses a missing source. Only for the node's own engine (a unix socket): a remote engine's
+    paths are not this host's. A read-only mount (the model) must exist."""
+    if not str(docker_host).startswith("unix://"):
+        return
+    for mount in config["mounts"]:
+        if not mount["read_only"]:
+            os.makedirs(mount["source"], mode=0o755, exist_ok=True)
 
 
 def config_hash(config):

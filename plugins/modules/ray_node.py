@@ -284,6 +284,7 @@ class RayNode:
         else:
             if current is not None:
                 self.docker(current.remove, force=True)
+            _container.make_writable_sources(config, self.p["docker_host"])
             kwargs = _container.create_kwargs(config, self.p["name"], digest, docker_types, _ray.ROLE_LABEL)
             container = self.docker(client.containers.create, **kwargs)
             self.docker(container.start)

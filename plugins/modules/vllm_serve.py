@@ -1081,6 +1081,7 @@ class MpRank(VllmServe):
         else:
             if self.container is not None:
                 self.docker(self.container.remove, force=True)
+            _container.make_writable_sources(config, self.p["docker_host"])
             kwargs = _container.create_kwargs(config, self.p["container"], digest, docker_types, ROLE_LABEL)
             self.container = self.docker(client.containers.create, **kwargs)
             self.docker(self.container.start)

@@ -252,3 +252,23 @@ def test_without_wait_ready_returns_once_the_container_runs(monkeypatch, client)
     assert res["actions"] == ["created"] and "ready_seconds" not in res
     failed, res = run_module(monkeypatch, ray_node, dict(args, name="waited", wait_ready=True))
     assert failed and "no 'Ray runtime started' within 0s" in res["msg"]
+
+
+def test_a_writable_mount_source_is_made_a_read_only_one_is_not(monkeypatch, client, tmp_path):
+    cache, model = tmp_path / "cache" / "engine", tmp_path / "model"
+    mounts = [
+        {"source": str(model), "target": "/models", "read_only": True},
+        {"source": str(cache), "target": str(cache), "read_only": False},
+    ]
+    # Check mode makes nothing.
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, mounts=mounts, _ansible_check_mode=True))
+    assert not failed and res["changed"] and not cache.exists()
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, mounts=mounts))
+    assert not failed, res
+    assert cache.is_dir() and (cache.stat().st_mode & 0o777) == 0o755 and not model.exists()
+    # Another node's engine (not a unix socket): its paths are not made here.
+    other = tmp_path / "other"
+    args = dict(RECORDED_ARGS, name="b", mounts=[{"source": str(other), "target": "/c"}], docker_host="tcp://10.0.0.2:2375")
+    failed, res = run_module(monkeypatch, ray_node, args)
+    assert not failed, res
+    assert not other.exists()
