@@ -385,7 +385,12 @@ def record(module, path, stages, plan=None):
             new_plan = dict(
                 key=plan["key"],
                 stages=[
-                    dict(name=stage["name"], inputs=stage["inputs"], checks=stage.get("checks") or {})
+                    dict(
+                        name=stage["name"],
+                        inputs=stage["inputs"],
+                        checks=stage.get("checks") or {},
+                        fact_names=stage.get("fact_names") or [],
+                    )
                     for stage in plan["stages"]
                 ],
                 # The API key is never written: the probe is given it.

@@ -60,6 +60,13 @@ options:
         description: Facts the stage set that later stages read (record only); returned by a converged probe.
         type: dict
         default: {}
+      fact_names:
+        description:
+          - The names of the facts the stage's record keeps. Kept with O(plan) (record) and returned with the
+            plan's stages (probe), so a run that takes the plan's description of a stage records the same facts.
+        type: list
+        elements: str
+        default: []
       checks:
         description:
           - The live state the stage leaves. Keys C(python) (minimum version), C(disk) (C(path), C(min_free_bytes)),
@@ -231,12 +238,19 @@ endpoint:
 plan:
   description:
     - With O(plan), probe - whether the node's plan was made with O(plan.key) (C(matched); when not, nothing was
-      probed, RV(stages) is empty) and why not (C(why)); when it matched, also the plan's C(stages) (name, inputs,
-      checks) and C(endpoint) (without the API key), which a run that describes only the stages it runs records
-      again; record - whether the plan was recorded (C(recorded)) and why not (C(why)).
+      probed, RV(stages) is empty) and why not (C(why)); when it matched, also the plan's C(stages) (name,
+      inputs, checks, fact_names) and C(endpoint) (without the API key), which a run that describes only the
+      stages it runs records again; record - whether the plan was recorded (C(recorded)) and why not (C(why)).
   returned: when O(plan) is given to O(operation=probe) or O(operation=record)
   type: dict
   sample: {"matched": false, "why": "the settings or the collection changed since the last successful run"}
+meminfo:
+  description:
+    - The node's C(/proc/meminfo) (probe), which the deploy's memory-fit check reads instead of asking the node
+      again (GB10 memory is unified); null where it cannot be read.
+  returned: when O(operation=probe)
+  type: str
+  sample: "MemTotal:       127535828 kB\nMemFree: ..."
 first_run:
   description: Index in O(stages) of the first stage that runs; the number of stages when none does (probe).
   returned: when O(operation=probe)
@@ -275,11 +289,21 @@ def validated(module, what, given, options):
     return result.validated_parameters
 
 
+def read_meminfo():
+    """The node's /proc/meminfo, for the deploy's memory-fit check (GB10 memory is unified); None where unreadable."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
 def main():
     stage_options = dict(
         name=dict(type="str", required=True),
         inputs=dict(type="str", required=True),
         facts=dict(type="dict", default={}),
+        fact_names=dict(type="list", elements="str", default=[]),
         checks=dict(type="dict", default={}),
     )
     endpoint_options = dict(
@@ -330,7 +354,7 @@ def main():
             stages, served, why = planned(path, plan["key"])
             extra["plan"] = dict(matched=why is None, why=why)
             if why:
-                module.exit_json(changed=False, stages=[], first_run=0, seconds={}, **extra)
+                module.exit_json(changed=False, stages=[], first_run=0, seconds={}, meminfo=read_meminfo(), **extra)
             # What the run records again for the stages it does not describe anew (no API key is recorded).
             extra["plan"].update(stages=stages, endpoint=served)
             served = dict(served, api_key=plan["api_key"]) if served else None
@@ -342,7 +366,9 @@ def main():
             if answer["ok"]:
                 base = _probe.local_url(served["host"], served["port"])
                 extra["endpoint"].update(_probe.summary(base, served["served_model_name"], answer))
-        module.exit_json(changed=False, stages=found, first_run=first_run, seconds=seconds, **extra)
+        module.exit_json(
+            changed=False, stages=found, first_run=first_run, seconds=seconds, meminfo=read_meminfo(), **extra
+        )
     if module.params["operation"] == "check":
         found = [
             dict(name=name, converged=not problems, reasons=problems, facts={})

@@ -391,6 +391,25 @@ def stages_started(res):
     return [ln[len(head) : ln.index(tail)] for ln in res.lines if ln.startswith(head) and tail in ln]
 
 
+# The deploy's first play describes (checks the settings of) these stages, one include per stage.
+DESCRIBE_TASK = "TASK [Check the settings of each node stage that runs and describe its record"
+
+
+def stages_described(res):
+    """The stages whose settings the deploy's first play checked (deploy_checks.yml), in order, each once; None
+    when the run did not reach that task."""
+    out, inside, reached = [], False, False
+    for line in res.lines:
+        if line.startswith("TASK ["):
+            inside = line.startswith(DESCRIBE_TASK)
+            reached = reached or inside
+        elif inside and line.startswith("included: ") and "(item=" in line:
+            name = line[line.index("(item=") + 6 : line.rindex(")")]
+            if name not in out:
+                out.append(name)
+    return out if reached else None
+
+
 def first_failure(res):
     """(where, host, line) of the failure that stopped an ansible-playbook run: the last `fatal:` line (a
     failure a block rescues prints one too, before the rescue's own; any_errors_fatal stops at the first

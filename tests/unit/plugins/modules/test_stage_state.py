@@ -469,6 +469,12 @@ def test_the_plan_probes_the_recorded_checks_and_sees_drift(monkeypatch, node):
         (s["name"], s["inputs"], s["checks"]) for s in given
     ]
     assert result["plan"]["endpoint"] is None
+    # With the facts each stage's record keeps, and this node's memory for the memory-fit check.
+    given[1]["fact_names"] = ["fabric_ip"]
+    assert record_plan(monkeypatch, node, "k1", given)[1]["changed"] is True
+    result = plan_probe(monkeypatch, node, "k1")
+    assert [s["fact_names"] for s in result["plan"]["stages"]] == [[], ["fabric_ip"], []]
+    assert result["meminfo"].startswith("MemTotal:")
     assert result["stages"][1]["facts"] == {"fabric_ip": "198.18.100.11"}
     # The recorded checks are read live: an edited env file runs the fabric stage and the later ones.
     node["env"].write_text("NCCL_SOCKET_IFNAME=other\n")
