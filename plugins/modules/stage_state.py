@@ -217,6 +217,9 @@ stages:
     recorded:
       description: Whether the node holds a record of a successful run of the stage (probe).
       type: bool
+    checks_passed:
+      description: Whether the stage's live checks pass on the node now, whatever its record says (probe).
+      type: bool
     facts:
       description: >-
         The facts the stage's last successful run recorded (probe), converged or not; empty without a record.

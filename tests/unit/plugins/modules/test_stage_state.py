@@ -271,8 +271,14 @@ def test_a_stopped_container_or_one_of_the_other_backend_runs_the_stage(monkeypa
     head.attrs["State"]["Status"] = "exited"
     assert probe(monkeypatch, node, ray_stage())["stages"][0]["reasons"][0] == "container ray-head is exited"
     head.attrs["State"]["Status"] = "running"
+    # A changed fingerprint: the stage runs, though no check fails.
+    head.attrs["State"]["StartedAt"] = "2026-12-02T13:05:00.0Z"
+    (stage,) = probe(monkeypatch, node, ray_stage())["stages"]
+    assert not stage["converged"] and stage["checks_passed"]
+    head.attrs["State"]["StartedAt"] = "2026-12-02T13:00:00.1Z"
     start_container(node, "vllm-mp", "2026-12-02T13:06:00.0Z")
-    assert probe(monkeypatch, node, ray_stage())["stages"][0]["reasons"] == ["container vllm-mp is there"]
+    (stage,) = probe(monkeypatch, node, ray_stage())["stages"]
+    assert stage["reasons"] == ["container vllm-mp is there"] and stage["checks_passed"] is False
     node["client"].containers.items.pop("ray-head")
     assert "container ray-head is missing" in probe(monkeypatch, node, ray_stage())["stages"][0]["reasons"]
 
@@ -480,6 +486,9 @@ def test_the_plan_probes_the_recorded_checks_and_sees_drift(monkeypatch, node):
     node["env"].write_text("NCCL_SOCKET_IFNAME=other\n")
     result = plan_probe(monkeypatch, node, "k1")
     assert result["first_run"] == 1 and verdicts(result)[1:] == [("fabric", False), ("runtime_image", False)]
+    # No check fails (a changed file is a changed fingerprint): the image stage runs after the fabric one
+    # though its own checks pass.
+    assert [s["checks_passed"] for s in result["stages"]] == [True, True, True]
 
 
 def test_a_plan_is_kept_only_where_every_stage_is_recorded_under_its_settings(monkeypatch, node):
