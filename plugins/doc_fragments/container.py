@@ -39,8 +39,8 @@ options:
     description:
       - Bind mounts (model directory, caches).
       - The missing source of a writable mount is made (mode 0755) before the container is created, as
-        C(docker run -v) does, where the engine is this node's own (a C(unix://) O(docker_host)); a read-only
-        source must exist.
+        C(docker run -v) does, where the engine is this node's own (a C(unix://) O(docker_host)); a container
+        whose writable source is gone is recreated. A read-only source must exist.
     type: list
     elements: dict
     default: []

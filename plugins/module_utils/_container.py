@@ -133,15 +133,27 @@ def container_config(p, image_id, argv, role, env):
     }
 
 
-def make_writable_sources(config, docker_host):
-    """Make the missing source directory of each writable mount (mode 0755), as `docker run -v` does: the API's
-    bind mount refuses a missing source. Only for the node's own engine (a unix socket): a remote engine's
-    paths are not this host's. A read-only mount (the model) must exist."""
+def missing_writable_sources(config, docker_host):
+    """The writable mounts' sources missing on this node (the engine's cache): the API's bind mount refuses a
+    missing source, and a running container whose source was removed writes where nothing will read it again,
+    so either recreates the container. Only for the node's own engine (a unix socket): a remote engine's paths
+    are not this host's. A read-only mount (the model) must exist."""
     if not str(docker_host).startswith("unix://"):
-        return
-    for mount in config["mounts"]:
-        if not mount["read_only"]:
-            os.makedirs(mount["source"], mode=0o755, exist_ok=True)
+        return []
+    return [m["source"] for m in config["mounts"] if not m["read_only"] and not os.path.isdir(m["source"])]
+
+
+def make_sources(paths):
+    """Make each directory (mode 0755), as `docker run -v` does; the problem, naming the path, or None."""
+    for path in paths:
+        try:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        except OSError as exc:
+            return "mounts: cannot make %s on this node (%s); make it a directory or fix ray_cluster_cache_dir" % (
+                path,
+                exc,
+            )
+    return None
 
 
 def config_hash(config):

@@ -267,7 +267,8 @@ class RayNode:
             config_hash=digest,
         )
         before = _container.describe(current)
-        plan = _container.plan(current, digest, self.p["force_restart"])
+        missing = _container.missing_writable_sources(config, self.p["docker_host"])
+        plan = _container.plan(current, digest, self.p["force_restart"] or bool(missing))
         after = dict(before) if plan is None else dict(name=self.p["name"], status="running", config_hash=digest)
         after["command"] = self.result["command"]
         self.result["diff"] = dict(before=before, after=after)
@@ -278,13 +279,16 @@ class RayNode:
         self.result["actions"].append(plan)
         if self.module.check_mode:
             return
+        # Before the old container goes: a source that cannot be made leaves it as it was.
+        problem = _container.make_sources(missing)
+        if problem:
+            self.module.fail_json(msg=problem, **self.result)
         if plan == "started":
             self.docker(current.start)
             container = current
         else:
             if current is not None:
                 self.docker(current.remove, force=True)
-            _container.make_writable_sources(config, self.p["docker_host"])
             kwargs = _container.create_kwargs(config, self.p["name"], digest, docker_types, _ray.ROLE_LABEL)
             container = self.docker(client.containers.create, **kwargs)
             self.docker(container.start)

@@ -17,8 +17,8 @@ description:
     that differs (file digests, image IDs, model manifest, GPUs, boot id) make a stage run, and every stage after it.
   - With O(operation=check), runs the stages' pass-or-fail checks now and reports what fails; it reads no
     record and writes none (preflight checks the head's node-to-node SSH this way, as the probe does).
-  - With O(plan), O(operation=record) also records the run's plan (its key and every stage's inputs and checks)
-    once every stage is recorded under those inputs, and O(operation=probe) without O(stages) probes the stages
+  - With O(plan), O(operation=record) also records the run's plan (its key and every stage's inputs, checks and fact
+    names) once every stage is recorded under those inputs, and O(operation=probe) without O(stages) probes the stages
     and endpoint the plan holds, when the node's plan was made with the same O(plan.key); otherwise it reads
     nothing more and says why (RV(plan)).
   - The deploy playbook runs one probe per node instead of every stage's own checks when nothing changed; a

@@ -969,6 +969,8 @@ class MpRank(VllmServe):
     def __init__(self, module):
         super().__init__(module)
         self.restarts = 0
+        # Writable mount sources missing on this node: made before the container is (re)created.
+        self.missing_sources = []
         # (worker, container, restart count when the wait began) for each worker rank watched.
         self.watched = []
         self.worker_engines = {}
@@ -1015,7 +1017,8 @@ class MpRank(VllmServe):
         config = _container.container_config(p, image.id, argv, "rank-%d" % p["node_rank"], container_env)
         # The key enters the label's hash only as its own hash.
         digest = _container.config_hash(dict(config, env=_vllm_args.hashed_env(container_env)))
-        plan = _container.plan(self.container, digest, p["force_restart"])
+        self.missing_sources = _container.missing_writable_sources(config, p["docker_host"])
+        plan = _container.plan(self.container, digest, p["force_restart"] or bool(self.missing_sources))
         if plan is None and p["node_rank"] == 0 and p["state"] == "checked":
             # The plan step: a head that fails its probe restarts every rank (the watchdog permitting).
             probe = self.probe()
@@ -1076,12 +1079,15 @@ class MpRank(VllmServe):
 
     def apply(self, client, config, digest, plan):
         started = time.monotonic()
+        # Before the old container goes: a source that cannot be made leaves it as it was.
+        problem = _container.make_sources(self.missing_sources)
+        if problem:
+            self.fail(problem)
         if plan == "started":
             self.docker(self.container.start)
         else:
             if self.container is not None:
                 self.docker(self.container.remove, force=True)
-            _container.make_writable_sources(config, self.p["docker_host"])
             kwargs = _container.create_kwargs(config, self.p["container"], digest, docker_types, ROLE_LABEL)
             self.container = self.docker(client.containers.create, **kwargs)
             self.docker(self.container.start)

@@ -266,9 +266,29 @@ def test_a_writable_mount_source_is_made_a_read_only_one_is_not(monkeypatch, cli
     failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, mounts=mounts))
     assert not failed, res
     assert cache.is_dir() and (cache.stat().st_mode & 0o777) == 0o755 and not model.exists()
+    # The same again: nothing to do.
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, mounts=mounts))
+    assert not failed and not res["changed"], res
+    # The cache removed under the running container: it is made again and the container recreated (the old one
+    # writes where nothing reads it again).
+    cache.rmdir()
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, mounts=mounts))
+    assert not failed and res["actions"] == ["recreated"] and cache.is_dir(), res
+    # A source that cannot be made fails naming it, and the running container is left as it was.
+    cache.rmdir()
+    cache.write_text("a file")
+    created = len(client.containers.created)
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, mounts=mounts))
+    assert failed and res["msg"].startswith("mounts: cannot make %s on this node" % cache), res
+    assert len(client.containers.created) == created
+    assert not any(
+        c[0] == "remove" for c in client.containers.get("bringup-test-ray-head").calls if isinstance(c, tuple)
+    )
     # Another node's engine (not a unix socket): its paths are not made here.
     other = tmp_path / "other"
-    args = dict(RECORDED_ARGS, name="b", mounts=[{"source": str(other), "target": "/c"}], docker_host="tcp://10.0.0.2:2375")
+    args = dict(
+        RECORDED_ARGS, name="b", mounts=[{"source": str(other), "target": "/c"}], docker_host="tcp://10.0.0.2:2375"
+    )
     failed, res = run_module(monkeypatch, ray_node, args)
     assert not failed, res
     assert not other.exists()
