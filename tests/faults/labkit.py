@@ -79,6 +79,8 @@ def read_inventory(path):
         ray_agent_ports=head_vars.get("ray_cluster_agent_ports") or {},
         api_url=api_url(head_vars),
         lab_name=lab_name,
+        # The opt-in monitoring stage (inventories/lab/group_vars/spark/monitoring.yml), a literal boolean there.
+        monitoring=bool(head_vars.get("monitoring_enabled", False)),
     )
 
 
@@ -97,6 +99,7 @@ RAY_METRICS_PORT = _LAB["ray_metrics_port"]
 RAY_AGENT_PORTS = _LAB["ray_agent_ports"]
 # The head's API as the collection's api_url filter gives it (http://FABRIC_IP:PORT).
 API_URL = _LAB["api_url"]
+MONITORING = _LAB["monitoring"]
 IN_SERVICE = "dgx-spark/vllm-runtime:in-service"
 # The collection's paths on a node: what a bad input must leave alone.
 STATE_PATHS = ("/etc/dgx-spark", "/var/lib/dgx-spark", "/etc/netplan")
