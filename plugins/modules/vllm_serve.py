@@ -35,7 +35,7 @@ description:
     O(max_restarts) restarts already happened in that window it is a crash loop, and the module fails with
     the engine's last log lines and does not restart it again. Restarts for changed settings do not count.
   - After a (re)start it waits for C(/health) to answer 200 (failing early, with the log, when the process
-    dies), then runs the probe and one chat completion.
+    dies), then runs the probe with one chat completion sent alongside (the engine batches the two).
 version_added: 0.1.0
 author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
@@ -439,6 +439,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -929,14 +930,12 @@ class VllmServe:
             self.fail("vllm serve is not healthy: %s. %s" % (why, self.failure_detail()), progress=res.progress)
 
     def verify(self):
-        """After a (re)start: the probe, then one chat completion (the chat template is the engine's own)."""
-        probe = self.probe(self.p["request_timeout"])
-        if not probe["ok"]:
-            self.fail("The verification failed at %s: %s. %s" % (probe["step"], probe["why"], self.failure_detail()))
-        self.report(probe)
+        """After a (re)start: the probe and one chat completion (the chat template is the engine's own), sent
+        together: the engine batches the two, so the chat costs no turn of its own."""
         messages = [{"role": "user", "content": self.p["smoke_prompt"]}]
         # With a reasoning parser the answer may be all reasoning (no closing think tag in 8 tokens).
-        self.result["chat_completion"] = self.ask(
+        chat = Asked(
+            self,
             "chat",
             "/v1/chat/completions",
             dict(messages=messages),
@@ -947,18 +946,41 @@ class VllmServe:
                 or ""
             ),
         )
+        probe = self.probe(self.p["request_timeout"])
+        # A failed probe names its step; the chat's answer is not waited for.
+        if not probe["ok"]:
+            self.fail("The verification failed at %s: %s. %s" % (probe["step"], probe["why"], self.failure_detail()))
+        self.report(probe)
+        text, error = chat.answer()
+        if error:
+            self.fail("The verification chat failed: %s. Log tail:\n%s" % (error, self.log_tail()))
+        self.result["chat_completion"] = text
 
-    def ask(self, what, path, body, text_of):
-        """One bounded verification request; its text, or a failure naming it with the log tail."""
+
+class Asked(threading.Thread):
+    """One bounded verification request, sent at once and answered on its own thread."""
+
+    def __init__(self, serve, what, path, body, text_of):
+        super().__init__(daemon=True)
+        self.serve, self.what, self.path, self.text_of = serve, what, path, text_of
+        p = serve.p
+        self.body = dict(body, model=p["served_model_name"], max_tokens=p["smoke_max_tokens"], temperature=0)
+        self.text = self.error = None
+        self.start()
+
+    def run(self):
         started = time.monotonic()
-        body = dict(body, model=self.p["served_model_name"], max_tokens=self.p["smoke_max_tokens"], temperature=0)
         try:
-            _code, raw = self.http("POST", path, body)
-            text = text_of(json.loads(raw)["choices"][0])
+            _code, raw = self.serve.http("POST", self.path, self.body)
+            self.text = self.text_of(json.loads(raw)["choices"][0])
         except Exception as exc:
-            self.fail("The verification %s failed: %s. Log tail:\n%s" % (what, exc, self.log_tail()))
-        self.timings[what] = round(time.monotonic() - started, 2)
-        return text
+            self.error = str(exc) or type(exc).__name__
+        self.serve.timings[self.what] = round(time.monotonic() - started, 2)
+
+    def answer(self):
+        """(text, None), or (None, why it failed)."""
+        self.join()
+        return self.text, self.error
 
 
 class MpRank(VllmServe):

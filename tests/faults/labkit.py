@@ -396,16 +396,17 @@ def stages_started(res):
 
 # The deploy's first play describes (checks the settings of) these stages, one include per stage.
 DESCRIBE_TASK = "TASK [Check the settings of each node stage that runs and describe its record"
+WORK_OUT_TASK = "TASK [Work out which stages run]"
 
 
 def stages_described(res):
     """The stages whose settings the deploy's first play checked (deploy_checks.yml), in order, each once; None
-    when the run did not reach that task."""
+    when the run did not reach that task or the one after it (a planned run that describes none skips it)."""
     out, inside, reached = [], False, False
     for line in res.lines:
         if line.startswith("TASK ["):
             inside = line.startswith(DESCRIBE_TASK)
-            reached = reached or inside
+            reached = reached or inside or line.startswith(WORK_OUT_TASK)
         elif inside and line.startswith("included: ") and "(item=" in line:
             name = line[line.index("(item=") + 6 : line.rindex(")")]
             if name not in out:

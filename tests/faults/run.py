@@ -132,7 +132,7 @@ def case_interrupted(suite, fresh):
     """The playbook killed mid-run at three points in a row; the next run converges."""
     points = [
         ("runtime_image", "Image | Obtain, verify, promote on the build host", 6 if fresh else 1),
-        ("ray_cluster", "TASK [dgx_spark.vllm.ray_cluster : Start the Ray workers]", 1),
+        ("ray_cluster", "TASK [dgx_spark.vllm.ray_cluster : Start the Ray head and the workers at once]", 1),
         ("vllm_server", "TASK [dgx_spark.vllm.vllm_server : Serve the model and verify", 1),
     ]
     if not fresh:

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import socket
+import threading
 import types
 from urllib.error import HTTPError
 
@@ -220,6 +221,48 @@ def test_start_verify_and_secret_handling(monkeypatch, env):
     )
     assert res["vllm_version"] == "0.32.0"
     assert all(h.get("Authorization") == "Bearer s3cret" for m, p, h, d in api.requests if p.startswith("/v1"))
+
+
+def test_the_chat_is_sent_with_the_probes_completion_not_after_it(monkeypatch, env):
+    _head, api = env
+    chat_asked = threading.Event()
+    answer = api.open_url
+
+    def open_url(url, **kw):
+        if url.endswith("/v1/chat/completions"):
+            chat_asked.set()
+        # The completion answers only once the chat is in: one sent after the other would wait here.
+        elif url.endswith("/v1/completions") and not chat_asked.wait(10):
+            raise TimeoutError("timed out")
+        return answer(url, **kw)
+
+    monkeypatch.setattr(vllm_serve, "open_url", open_url)
+    failed, res = run_module(monkeypatch, vllm_serve, args())
+    assert not failed, res
+    assert res["chat_completion"] == RECORDED["chat"]["choices"][0]["message"]["reasoning"]
+    assert res["probe"]["text"] == RECORDED["completion"]["choices"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    "broken, named",
+    [
+        ("/v1/chat/completions", "The verification chat failed: HTTP Error 500: template error"),
+        # Both fail: the probe's step is named, not the chat.
+        ("/completions", "The verification failed at completion: the completion failed: HTTP 500"),
+    ],
+)
+def test_a_failed_verification_names_its_request(monkeypatch, env, broken, named):
+    _head, api = env
+    answer = api.open_url
+
+    def open_url(url, **kw):
+        if url.endswith(broken):
+            raise HTTPError(url, 500, "template error", {}, None)
+        return answer(url, **kw)
+
+    monkeypatch.setattr(vllm_serve, "open_url", open_url)
+    failed, res = run_module(monkeypatch, vllm_serve, args())
+    assert failed and named in res["msg"], res["msg"]
 
 
 def test_fewer_ray_gpus_than_tp_x_pp_is_refused_before_serve_starts(monkeypatch, env):
