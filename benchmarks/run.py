@@ -187,11 +187,12 @@ class HealthPoller:
 # ---------------------------------------------------------------- serve log follower
 # Runs in the head node container and reads the serve log of the Ray head container through its
 # process's root (/proc/PID/root), so it needs nothing in the container and dies with nothing: it
-# stops by itself after the line it waits for, or at its deadline. Each line comes out with the
+# stops by itself after the lines it waits for, or at its deadline. Each line comes out with the
 # wall-clock time it was seen (read every 20 ms); uvicorn's access lines carry no time of their own.
 FOLLOW_SCRIPT = r"""
 import os, re, subprocess, sys, time
-container, path, stop, limit = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), float(sys.argv[4])
+container, path, limit = sys.argv[1], sys.argv[2], float(sys.argv[4])
+stops = [re.compile(p) for p in sys.argv[3].split("\n")]  # every one must match before it stops
 end = time.time() + limit
 print("pid", os.getpid(), flush=True)
 pid, handle, pos, buf, checked = None, None, 0, b"", 0.0
@@ -228,7 +229,8 @@ while time.time() < end:
     for line in lines:
         text = line.decode("utf-8", "replace").replace("\r", " ")  # progress bars
         print("%.3f %s" % (seen, text), flush=True)
-        if stop.search(text):
+        stops = [p for p in stops if not p.search(text)]
+        if not stops:
             sys.exit(0)
 """
 # uvicorn's access line, as the real engine writes it:
@@ -239,7 +241,8 @@ ACCESS = re.compile(
 
 
 class LogFollower:
-    """The serve log's lines with the times they appeared, until `stop` matches (or `limit` seconds)."""
+    """The serve log's lines with the times they appeared, until every pattern of `stop` (one per line) matched
+    (or `limit` seconds)."""
 
     def __init__(self, path, stop, limit=900):
         self.lines, self.pid = [], None
@@ -668,7 +671,8 @@ def serving_memory(backend):
 def run_cold():
     teardown()
     poller = HealthPoller()
-    follower = LogFollower(SERVE_LOG, r'"POST /v1/chat/completions')
+    # The collection sends the probe's completion and the chat together: either may be logged last.
+    follower = LogFollower(SERVE_LOG, '"POST /v1/chat/completions\n"POST /v1/completions')
     try:
         run = playbook("deploy-qwen35.yml", label="cold")
     finally:

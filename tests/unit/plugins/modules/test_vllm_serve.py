@@ -215,7 +215,7 @@ def test_start_verify_and_secret_handling(monkeypatch, env):
     assert set(res["timings"]) >= {"flag_check", "start", "health", "probe", "chat"}
     assert res["probe"]["ok"] and res["probe"]["health"] == 200 and res["probe"]["engine_version"] == "0.32.0"
     assert res["probe"]["tokens"] == RECORDED["completion"]["usage"]["completion_tokens"]
-    assert res["timings"]["health"] == 0.75  # three 0.25 s polls on the fake clock
+    assert res["timings"]["health"] == 0.3  # three 0.1 s polls on the fake clock
     assert (
         res["flag_check"] == "installed vLLM 0.32.0 (image sha256:a9d32715c8c0, asked the running container ray-head)"
     )
@@ -580,6 +580,26 @@ def test_process_death_fails_fast_with_log(monkeypatch, env):
     assert "exceeds available GPUs" in res["msg"]
     # Launch was seen, then the process was gone: no 600 s wait.
     assert res["timings"]["start"] == 0.0
+
+
+def test_death_while_health_is_polled_is_seen_within_four_polls(monkeypatch, env):
+    head, api = env
+    api.health_after = 1000
+    answer = api.open_url
+    asked = []
+
+    def open_url(url, **kw):
+        if url.endswith("/health"):
+            asked.append(url)
+            if len(asked) == 10:
+                head.alive = False
+        return answer(url, **kw)
+
+    monkeypatch.setattr(vllm_serve, "open_url", open_url)
+    failed, res = run_module(monkeypatch, vllm_serve, args(health_timeout=600))
+    assert failed and "the vllm serve process exited" in res["msg"]
+    # Polls 1, 5, 9, 13 ask whether the process lives: it died at the 10th, so the 13th poll's check stops it.
+    assert len(asked) == 12
 
 
 def test_absent_stops(monkeypatch, env):
