@@ -916,9 +916,10 @@ class VllmServe:
 
         def healthy():
             # /health is one local request: asked every 0.1 s, its 200 is seen promptly. Whether the engine
-            # died costs a docker exec (mp: an inspect of every rank): asked every 4th poll.
+            # died costs a docker exec of Python (mp: an inspect of every rank), CPU the starting engine
+            # wants: asked once a second (every 10th poll).
             polls[0] += 1
-            why = self.gone() if polls[0] % 4 == 1 else None
+            why = self.gone() if polls[0] % 10 == 1 else None
             if why:
                 raise StopWaiting(why)
             try:
