@@ -912,20 +912,23 @@ class VllmServe:
         return "Log tail (%s):\n%s" % (self.p["log_file"], self.log_tail())
 
     def wait_health(self):
-        polls = [0]
+        state = dict(polls=0, hung=False)
 
         def healthy():
             # /health is one local request: asked every 0.1 s, its 200 is seen promptly. Whether the engine
             # died costs a docker exec of Python (mp: an inspect of every rank), CPU the starting engine
-            # wants: asked once a second (every 10th poll).
-            polls[0] += 1
-            why = self.gone() if polls[0] % 10 == 1 else None
+            # wants: asked every 10th poll (about once a second), and after a poll that hung.
+            state["polls"] += 1
+            why = self.gone() if state["polls"] % 10 == 1 or state["hung"] else None
             if why:
                 raise StopWaiting(why)
+            asked = time.monotonic()
             try:
                 code, _body = self.http("GET", "/health", timeout=5)
             except Exception as exc:
+                state["hung"] = time.monotonic() - asked > 1
                 return False, type(exc).__name__ + (": %s" % getattr(exc, "code", "")).rstrip(": ")
+            state["hung"] = False
             return code == 200, "HTTP %s" % code
 
         res = wait_for(healthy, self.p["health_timeout"], interval=0.1)
@@ -980,11 +983,13 @@ class Asked(threading.Thread):
             self.text = self.text_of(json.loads(raw)["choices"][0])
         except Exception as exc:
             self.error = str(exc) or type(exc).__name__
-        self.serve.timings[self.what] = round(time.monotonic() - started, 2)
+        # Kept here: the module's result is not touched from this thread (a failure may be reporting it).
+        self.seconds = round(time.monotonic() - started, 2)
 
     def answer(self):
-        """(text, None), or (None, why it failed)."""
+        """(text, None), or (None, why it failed); its seconds go to the timings."""
         self.join()
+        self.serve.timings[self.what] = self.seconds
         return self.text, self.error
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import threading
+import time
 import types
 from urllib.error import HTTPError
 
@@ -600,6 +601,26 @@ def test_death_while_health_is_polled_is_seen_within_ten_polls(monkeypatch, env)
     assert failed and "the vllm serve process exited" in res["msg"]
     # Polls 1, 11, 21 ask whether the process lives: it died at the 5th, so the 11th poll's check stops it.
     assert len(asked) == 10
+
+
+def test_a_hung_health_poll_is_followed_by_asking_whether_the_engine_lives(monkeypatch, env):
+    head, api = env
+    answer = api.open_url
+    asked = []
+
+    def open_url(url, **kw):
+        if url.endswith("/health"):
+            asked.append(url)
+            # A listener that does not answer (real time: the module times the request), while the engine dies.
+            time.sleep(1.05)
+            head.alive = False
+            raise TimeoutError("timed out")
+        return answer(url, **kw)
+
+    monkeypatch.setattr(vllm_serve, "open_url", open_url)
+    failed, res = run_module(monkeypatch, vllm_serve, args(health_timeout=600))
+    assert failed and "the vllm serve process exited" in res["msg"]
+    assert len(asked) == 1
 
 
 def test_absent_stops(monkeypatch, env):
