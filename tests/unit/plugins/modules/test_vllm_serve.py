@@ -583,44 +583,39 @@ def test_process_death_fails_fast_with_log(monkeypatch, env):
     assert res["timings"]["start"] == 0.0
 
 
-def test_death_while_health_is_polled_is_seen_within_ten_polls(monkeypatch, env):
+def hangs_while_dying(head):
+    # A listener that does not answer (real time: the module times the request), while the engine dies.
+    time.sleep(1.05)
+    head.alive = False
+    raise TimeoutError("timed out")
+
+
+@pytest.mark.parametrize(
+    "on_health, polls",
+    [
+        # Polls 1, 11, 21 ask whether the process lives: it died at the 5th, so the 11th poll's check stops it.
+        (lambda head, n: setattr(head, "alive", n < 5), 10),
+        # A poll that hung is followed at once by the check.
+        (lambda head, n: hangs_while_dying(head), 1),
+    ],
+    ids=["death-seen-within-ten-polls", "hung-poll-checked-next"],
+)
+def test_a_death_while_health_is_polled_is_seen(monkeypatch, env, on_health, polls):
     head, api = env
-    api.health_after = 1000
+    api.health_after = 1000  # refused until the engine dies
     answer = api.open_url
     asked = []
 
     def open_url(url, **kw):
         if url.endswith("/health"):
             asked.append(url)
-            if len(asked) == 5:
-                head.alive = False
+            on_health(head, len(asked))
         return answer(url, **kw)
 
     monkeypatch.setattr(vllm_serve, "open_url", open_url)
     failed, res = run_module(monkeypatch, vllm_serve, args(health_timeout=600))
     assert failed and "the vllm serve process exited" in res["msg"]
-    # Polls 1, 11, 21 ask whether the process lives: it died at the 5th, so the 11th poll's check stops it.
-    assert len(asked) == 10
-
-
-def test_a_hung_health_poll_is_followed_by_asking_whether_the_engine_lives(monkeypatch, env):
-    head, api = env
-    answer = api.open_url
-    asked = []
-
-    def open_url(url, **kw):
-        if url.endswith("/health"):
-            asked.append(url)
-            # A listener that does not answer (real time: the module times the request), while the engine dies.
-            time.sleep(1.05)
-            head.alive = False
-            raise TimeoutError("timed out")
-        return answer(url, **kw)
-
-    monkeypatch.setattr(vllm_serve, "open_url", open_url)
-    failed, res = run_module(monkeypatch, vllm_serve, args(health_timeout=600))
-    assert failed and "the vllm serve process exited" in res["msg"]
-    assert len(asked) == 1
+    assert len(asked) == polls
 
 
 def test_absent_stops(monkeypatch, env):
