@@ -263,7 +263,6 @@ first_run:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.urls import open_url
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _probe
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import (
     CHECK_KEYS,
@@ -280,6 +279,9 @@ def ask(served):
     answer the same check gave earlier in the run."""
     if served.get("answer"):
         return served["answer"]
+    # Only the head's probe sends HTTP: the import is about 70 ms of every other start of this module.
+    from ansible.module_utils.urls import open_url  # noqa: PLC0415
+
     base = _probe.local_url(served["host"], served["port"])
     return _probe.probe_url(open_url, base, served, once=True)
 
