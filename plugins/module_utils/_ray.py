@@ -158,6 +158,20 @@ RAY_QUERY = (
     "print(json.dumps({'nodes': nodes}))\n"
 )
 
+# Runs inside the head container: `python3 -c STOP_WATCH RAY_QUERY` ends every watching RAY_QUERY there (a
+# wait that stopped for another reason leaves none to run out its alarm).
+STOP_WATCH = (
+    "import os, signal, sys\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        with open('/proc/%s/cmdline' % pid, 'rb') as handle:\n"
+    "            argv = handle.read().split(b'\\0')\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if argv[1:3] == [b'-c', sys.argv[1].encode()] and len(argv) > 5:\n"
+    "        os.kill(int(pid), signal.SIGTERM)\n"
+)
+
 
 def docker_time_ms(text):
     """Milliseconds since the epoch of a time as Docker reports it (RFC 3339 in UTC, nanoseconds), or None

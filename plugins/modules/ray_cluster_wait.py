@@ -74,10 +74,11 @@ options:
       - Seconds one poll keeps watching inside the container, re-reading the nodes every 0.1 s, before it
         answers; it answers at once when the expected nodes and GPUs are there. A join is then noticed
         within about 0.1 s instead of one Python start later. C(0) asks once per poll.
+      - While it watches, the head's and the workers' containers are checked every 0.5 s beside it; a failure
+        found there ends it at once. No watch runs past O(timeout).
       - The first poll always asks once, so a cluster already complete (a re-converge) costs one read.
-      - The wait may overrun O(timeout) by up to this much.
     type: float
-    default: 5.0
+    default: 60.0
   workers:
     description:
       - The workers' Ray containers, watched from here through each worker's Docker engine (C(ssh://) goes through
@@ -172,7 +173,10 @@ head_log:
   type: str
 """
 
+import contextlib
 import json
+import threading
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container, _ray
@@ -187,6 +191,9 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
+# Seconds between the checks of the head's and the workers' containers while a watch runs.
+WATCH_CHECK_S = 0.5
+
 
 class ClusterWait:
     def __init__(self, module):
@@ -196,7 +203,9 @@ class ClusterWait:
         self.alive = []
         self.error = None
         self.restarts = 0
-        self.query_argv = []
+        self.first_argv = []
+        self.expectation = []
+        self.deadline = 0.0
         self.engines = {}
         self.watched = []
         self.worker_log = ""
@@ -223,15 +232,14 @@ class ClusterWait:
         # `watch` seconds (the join is seen within 0.1 s, not a fresh Python later), with its workers'
         # containers watched for an exit.
         self.first_argv = [self.p["python"], "-c", _ray.RAY_QUERY, str(self.p["poll_timeout"])]
-        self.query_argv = list(self.first_argv)
-        if self.p["watch"] > 0:
-            self.query_argv += [
-                str(self.p["watch"]),
-                json.dumps(sorted(ips)),
-                str(float(self.p["expected_gpus"])),
-                json.dumps(_ray.not_before(self.p["expected_nodes"])),
-            ]
+        # What a watching query stops on (after its seconds, see watch()).
+        self.expectation = [
+            json.dumps(sorted(ips)),
+            str(float(self.p["expected_gpus"])),
+            json.dumps(_ray.not_before(self.p["expected_nodes"])),
+        ]
         self.watched, self.engines, self.watching = [], {}, False
+        self.deadline = time.monotonic() + self.p["timeout"]
         res = wait_for(lambda: self.poll(container), self.p["timeout"], self.p["interval"])
         out = dict(
             changed=False,
@@ -250,20 +258,10 @@ class ClusterWait:
         self.module.fail_json(msg=self.failure_message(res), **out)
 
     def poll(self, container):
-        try:
-            container.reload()
-        except DockerException as exc:
-            raise StopWaiting("the head's Docker engine stopped answering: %s" % exc) from exc
-        gone = _container.exited_how(container, self.restarts)
-        if gone == "restarted":
-            raise StopWaiting("the head container %s restarted: Ray exited in it" % self.p["container"])
-        if gone:
-            raise StopWaiting("the head container %s is %s" % (self.p["container"], gone))
+        self.check_head(container)
         self.check_workers()
-        try:
-            result = container.exec_run(self.query_argv if self.watching else self.first_argv)
-        except DockerException as exc:
-            raise StopWaiting("docker exec in %s failed: %s" % (self.p["container"], exc)) from exc
+        watching = self.watching and self.p["watch"] > 0
+        result = self.watch(container) if watching else self.query(container, self.first_argv)
         text = result.output.decode("utf-8", "replace") if isinstance(result.output, bytes) else str(result.output)
         doc = _ray.parse_query_output(text) if result.exit_code == 0 else None
         if doc is None:
@@ -277,6 +275,57 @@ class ClusterWait:
         done, self.summary = _ray.compare(state, self.p["expected_nodes"], self.p["expected_gpus"])
         self.start_watching(done)
         return done, _ray.progress_line(self.summary)
+
+    def check_head(self, container):
+        try:
+            container.reload()
+        except DockerException as exc:
+            raise StopWaiting("the head's Docker engine stopped answering: %s" % exc) from exc
+        gone = _container.exited_how(container, self.restarts)
+        if gone == "restarted":
+            raise StopWaiting("the head container %s restarted: Ray exited in it" % self.p["container"])
+        if gone:
+            raise StopWaiting("the head container %s is %s" % (self.p["container"], gone))
+
+    def query(self, container, argv):
+        try:
+            return container.exec_run(argv)
+        except DockerException as exc:
+            raise StopWaiting("docker exec in %s failed: %s" % (self.p["container"], exc)) from exc
+
+    def watch(self, container):
+        """One watching query, for up to `watch` seconds (no later than the timeout): one Ray import, so a join
+        is seen within 0.1 s; the head and the workers are checked beside it, and a failure ends it."""
+        seconds = max(1.0, min(self.p["watch"], self.deadline - time.monotonic()))
+        argv = [*self.first_argv, "%g" % seconds, *self.expectation]
+        answer = {}
+
+        def run():
+            try:
+                answer["result"] = self.query(container, argv)
+            except StopWaiting as exc:
+                answer["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            while True:
+                thread.join(WATCH_CHECK_S)
+                if not thread.is_alive():
+                    break
+                self.check_head(container)
+                self.check_workers()
+        except StopWaiting:
+            self.stop_watch(container)
+            raise
+        if "error" in answer:
+            raise answer["error"]
+        return answer["result"]
+
+    def stop_watch(self, container):
+        """Ends the watching query in the head container; one that cannot be reached ends on its alarm."""
+        with contextlib.suppress(DockerException):
+            container.exec_run([self.p["python"], "-c", _ray.STOP_WATCH, _ray.RAY_QUERY])
 
     def start_watching(self, done):
         """After the first query that does not show the cluster complete: watch the workers' containers."""
@@ -375,7 +424,7 @@ def main():
         timeout=dict(type="int", default=300),
         interval=dict(type="float", default=1.0),
         poll_timeout=dict(type="int", default=10),
-        watch=dict(type="float", default=5.0),
+        watch=dict(type="float", default=60.0),
         workers=dict(
             type="list",
             elements="dict",

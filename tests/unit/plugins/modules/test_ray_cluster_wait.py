@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _docker, _ray, _wait
@@ -365,3 +369,67 @@ def test_a_worker_restarting_once_to_join_the_new_head_is_let_be(monkeypatch, he
     )
     assert not failed, res
     assert res["alive_nodes"] == 2 and res["worker_engines"] == {"spark-2": "watched"}
+
+
+def test_a_watch_runs_no_later_than_the_timeout(monkeypatch, head):
+    seen = []
+    docs = [recorded("nodes_head_only.json"), recorded("nodes_two_alive.json")]
+
+    def handler(cmd, **_kwargs):
+        seen.append(cmd)
+        return FakeExecResult(0, (json.dumps(docs.pop(0)) + "\n").encode())
+
+    head.exec_handler = handler
+    monkeypatch.setattr(ray_cluster_wait.time, "monotonic", lambda: 100.0)
+    args = dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, timeout=3, poll_timeout=7)
+    failed, res = run_module(monkeypatch, ray_cluster_wait, args)
+    assert not failed, res
+    # The default watch (60 s) cut to the 3 s the wait has left.
+    assert [cmd[4] for cmd in seen[1:]] == ["3"]
+
+
+def test_a_worker_exiting_while_a_watch_runs_ends_the_watch_at_once(monkeypatch, head):
+    worker = worker_engine(monkeypatch)
+    stopped = threading.Event()
+    calls = []
+
+    def handler(cmd, **_kwargs):
+        calls.append(cmd)
+        if cmd[2] == _ray.STOP_WATCH:
+            stopped.set()
+            return FakeExecResult(0, b"")
+        if len(cmd) > 4:
+            # The watch: the worker's Ray exits while it runs; it answers only once it is stopped.
+            exit_container(worker)
+            assert stopped.wait(10), "the watch was never stopped"
+            return FakeExecResult(-15, b"")
+        return FakeExecResult(0, (json.dumps(recorded("nodes_head_only.json")) + "\n").encode())
+
+    head.exec_handler = handler
+    started = time.monotonic()
+    failed, res = run_module(
+        monkeypatch,
+        ray_cluster_wait,
+        dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, workers=WORKERS, timeout=300),
+    )
+    assert failed
+    assert "the Ray container ray-worker on spark-2 exited: Ray exited in it" in res["msg"]
+    assert calls[-1] == ["python3", "-c", _ray.STOP_WATCH, _ray.RAY_QUERY]
+    # Found by the check beside the watch (every 0.5 s), not after the watch's 60 s.
+    assert time.monotonic() - started < 5
+
+
+def test_stop_watch_ends_only_the_watching_queries():
+    # Real processes with the argv shapes ray_cluster_wait execs: a one-read query and a watch of the same script.
+    script = "import time; time.sleep(60)"
+    one_read = subprocess.Popen([sys.executable, "-c", script, "7"])
+    watching = subprocess.Popen([sys.executable, "-c", script, "7", "60", "[]", "2.0", "{}"])
+    try:
+        time.sleep(0.3)
+        subprocess.run([sys.executable, "-c", _ray.STOP_WATCH, script], check=True, timeout=30)
+        assert watching.wait(10) == -15
+        assert one_read.poll() is None
+    finally:
+        for proc in (one_read, watching):
+            proc.kill()
+            proc.wait()
