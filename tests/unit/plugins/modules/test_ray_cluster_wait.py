@@ -165,15 +165,20 @@ def test_a_complete_cluster_is_one_read_and_no_worker_engine_opened(monkeypatch,
     assert opened == [] and res["worker_engines"] == {}
 
 
-def test_an_incomplete_cluster_is_watched_with_the_expectation_in_one_exec(monkeypatch, head):
+def recorded_execs(container, docs):
+    """Each exec is answered with the next document and kept, in order, in the list returned."""
     seen = []
-    docs = [recorded("nodes_head_only.json"), recorded("nodes_two_alive.json")]
 
     def handler(cmd, **_kwargs):
         seen.append(cmd)
         return FakeExecResult(0, (json.dumps(docs.pop(0)) + "\n").encode())
 
-    head.exec_handler = handler
+    container.exec_handler = handler
+    return seen
+
+
+def test_an_incomplete_cluster_is_watched_with_the_expectation_in_one_exec(monkeypatch, head):
+    seen = recorded_execs(head, [recorded("nodes_head_only.json"), recorded("nodes_two_alive.json")])
     args = dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, watch=2.5, poll_timeout=7)
     failed, res = run_module(monkeypatch, ray_cluster_wait, args)
     assert not failed, res
@@ -372,14 +377,7 @@ def test_a_worker_restarting_once_to_join_the_new_head_is_let_be(monkeypatch, he
 
 
 def test_a_watch_runs_no_later_than_the_timeout(monkeypatch, head):
-    seen = []
-    docs = [recorded("nodes_head_only.json"), recorded("nodes_two_alive.json")]
-
-    def handler(cmd, **_kwargs):
-        seen.append(cmd)
-        return FakeExecResult(0, (json.dumps(docs.pop(0)) + "\n").encode())
-
-    head.exec_handler = handler
+    seen = recorded_execs(head, [recorded("nodes_head_only.json"), recorded("nodes_two_alive.json")])
     monkeypatch.setattr(ray_cluster_wait.time, "monotonic", lambda: 100.0)
     args = dict(container="ray-head", expected_nodes=EXPECTED, expected_gpus=2, timeout=3, poll_timeout=7)
     failed, res = run_module(monkeypatch, ray_cluster_wait, args)
