@@ -74,8 +74,9 @@ options:
       - Seconds one poll keeps watching inside the container, re-reading the nodes every 0.1 s, before it
         answers; it answers at once when the expected nodes and GPUs are there. A join is then noticed
         within about 0.1 s instead of one Python start later. C(0) asks once per poll.
-      - While it watches, the head's and the workers' containers are checked every 0.5 s beside it; a failure
-        found there ends it at once. No watch runs past O(timeout).
+      - While it watches, the head's container is checked every 0.5 s beside it and the workers' every 2.5 s
+        (each check opens a connection to the worker's engine); a failure found there ends it at once. No watch
+        runs past O(timeout).
       - The first poll always asks once, so a cluster already complete (a re-converge) costs one read.
     type: float
     default: 60.0
@@ -191,8 +192,10 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
-# Seconds between the checks of the head's and the workers' containers while a watch runs.
-WATCH_CHECK_S = 0.5
+# Seconds between the checks of the head's container, and of the workers' (each a new SSH connection and
+# `docker system dial-stdio` on the worker, CPU its starting Ray wants), while a watch runs.
+HEAD_CHECK_S = 0.5
+WORKER_CHECK_S = 2.5
 
 
 class ClusterWait:
@@ -308,13 +311,16 @@ class ClusterWait:
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
+        workers_checked = time.monotonic()
         try:
             while True:
-                thread.join(WATCH_CHECK_S)
+                thread.join(HEAD_CHECK_S)
                 if not thread.is_alive():
                     break
                 self.check_head(container)
-                self.check_workers()
+                if time.monotonic() - workers_checked >= WORKER_CHECK_S:
+                    self.check_workers()
+                    workers_checked = time.monotonic()
         except StopWaiting:
             self.stop_watch(container)
             raise

@@ -204,6 +204,39 @@ def test_a_restarted_workers_old_node_is_seen_as_stale_until_ray_drops_it(engine
     print("Ray listed the killed worker alive for about %.1f s after its restart" % dropped_after_s)
 
 
+# A watch that never completes (a second node expected) against a real one-node Ray, then the wait's stop
+# (_ray.STOP_WATCH) run beside it, as ray_cluster_wait runs both in the head container when a worker fails.
+STOPPED_WATCH = r"""
+import json, os, subprocess, sys, time
+query, stop = sys.argv[1], sys.argv[2]
+ray = os.path.join(os.path.dirname(sys.executable), "ray")
+started = subprocess.run([ray, "start", "--head", "--node-ip-address=127.0.0.1", "--num-gpus=1",
+                          "--disable-usage-stats", "--include-dashboard=false"], capture_output=True, text=True)
+try:
+    watch = subprocess.Popen([sys.executable, "-c", query, "10", "60", json.dumps(["127.0.0.1", "127.0.0.2"]),
+                              "2.0", "{}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)
+    running = watch.poll() is None
+    began = time.monotonic()
+    stopper = subprocess.run([sys.executable, "-c", stop, query], capture_output=True, text=True, timeout=60)
+    rc = watch.wait(60)
+    ended_s = time.monotonic() - began
+finally:
+    subprocess.run([ray, "stop", "--force"], capture_output=True)
+print(json.dumps({"start": started.returncode, "start_err": started.stderr[-1500:], "running": running,
+                  "stopper": stopper.returncode, "stopper_err": stopper.stderr[-1500:], "rc": rc,
+                  "ended_s": ended_s, "err": watch.stderr.read()[-1500:]}))
+"""
+
+
+def test_a_watch_on_a_real_ray_is_ended_by_the_waits_stop(in_image_json):
+    got = in_image_json(STOPPED_WATCH, _ray.RAY_QUERY, _ray.STOP_WATCH, timeout=300)
+    assert got["start"] == 0, got["start_err"]
+    assert got["running"], got["err"]
+    assert got["stopper"] == 0, got["stopper_err"]
+    assert got["rc"] == -15 and got["ended_s"] < 5, got
+
+
 def test_the_one_read_before_a_watchdog_restart_counts_the_alive_gpus(in_image_json):
     # As vllm_serve asks before it restarts a failed engine over Ray (check_ray_gpus_alive): one read, no watch.
     got = in_image_json(LIVE_QUERY, _ray.RAY_QUERY, "10", timeout=300)

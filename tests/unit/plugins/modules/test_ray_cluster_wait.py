@@ -413,7 +413,7 @@ def test_a_worker_exiting_while_a_watch_runs_ends_the_watch_at_once(monkeypatch,
     assert failed
     assert "the Ray container ray-worker on spark-2 exited: Ray exited in it" in res["msg"]
     assert calls[-1] == ["python3", "-c", _ray.STOP_WATCH, _ray.RAY_QUERY]
-    # Found by the check beside the watch (every 0.5 s), not after the watch's 60 s.
+    # Found by the check beside the watch (every 2.5 s), not after the watch's 60 s.
     assert time.monotonic() - started < 5
 
 
