@@ -423,7 +423,7 @@ def test_stop_watch_ends_only_the_watching_queries():
     one_read = subprocess.Popen([sys.executable, "-c", script, "7"])
     watching = subprocess.Popen([sys.executable, "-c", script, "7", "60", "[]", "2.0", "{}"])
     try:
-        time.sleep(0.3)
+        # Popen returns once each child has exec'd: its argv is in /proc already.
         subprocess.run([sys.executable, "-c", _ray.STOP_WATCH, script], check=True, timeout=30)
         assert watching.wait(10) == -15
         assert one_read.poll() is None
