@@ -216,14 +216,18 @@ class LiveState:
         return None, [result["message"] for result in results if not result["ok"]]
 
     def check_images(self, spec):
+        """IDs of `refs` (each must exist) and of `sources` (the images a stage was made from, by name: one
+        absent is no problem, one that names another image now is a change)."""
         client, why = self.docker(spec["docker_host"])
         if why:
             return None, [why]
         try:
             ids = {ref: image_id(client, ref) for ref in spec["refs"]}
+            sources = {ref: image_id(client, ref) for ref in spec.get("sources", [])}
         except DockerException as exc:
             return None, ["the Docker engine at %s failed to answer (%s)" % (spec["docker_host"], exc)]
-        return ids, ["image %s is missing" % ref for ref, found in ids.items() if found is None]
+        problems = ["image %s is missing" % ref for ref, found in ids.items() if found is None]
+        return dict(ids, **{"source " + ref: found for ref, found in sources.items()}), problems
 
     def check_containers(self, spec):
         """The containers a cluster stage left: each in `running` the same container (ID and last start)
