@@ -215,19 +215,24 @@ class LiveState:
         results = pinger.check_all(spec["rails"], payload)
         return None, [result["message"] for result in results if not result["ok"]]
 
-    def check_images(self, spec):
-        """IDs of `refs` (each must exist) and of `sources` (the images a stage was made from, by name: one
-        absent is no problem, one that names another image now is a change)."""
+    def image_ids(self, spec):
+        """{ref: image ID or None} on the engine at spec's docker_host, or (None, [why it did not answer])."""
         client, why = self.docker(spec["docker_host"])
         if why:
             return None, [why]
         try:
-            ids = {ref: image_id(client, ref) for ref in spec["refs"]}
-            sources = {ref: image_id(client, ref) for ref in spec.get("sources", [])}
+            return {ref: image_id(client, ref) for ref in spec["refs"]}, []
         except DockerException as exc:
             return None, ["the Docker engine at %s failed to answer (%s)" % (spec["docker_host"], exc)]
-        problems = ["image %s is missing" % ref for ref, found in ids.items() if found is None]
-        return dict(ids, **{"source " + ref: found for ref, found in sources.items()}), problems
+
+    def check_images(self, spec):
+        ids, problems = self.image_ids(spec)
+        return ids, problems or ["image %s is missing" % ref for ref, found in (ids or {}).items() if found is None]
+
+    def check_sources(self, spec):
+        """The images a stage was made from, by name: one that names another image now is a change, one absent
+        now is not (removed after its image was promoted; see own_reasons)."""
+        return self.image_ids(spec)
 
     def check_containers(self, spec):
         """The containers a cluster stage left: each in `running` the same container (ID and last start)
@@ -334,6 +339,16 @@ def probe(module, path, stages, endpoint=None):
     return out, first_run, live.seconds, served
 
 
+# Fingerprints whose entries may read absent later without that being a change.
+ABSENT_IS_NO_CHANGE = ("sources",)
+
+
+def differs(name, now, was):
+    if name in ABSENT_IS_NO_CHANGE and isinstance(now, dict) and isinstance(was, dict):
+        return any(found is not None and found != was.get(ref) for ref, found in now.items())
+    return now != was
+
+
 def own_reasons(record, inputs, reading):
     """Why a stage runs by its own record and live reading alone (no record, other settings, a failing check,
     a changed fingerprint); [] when it is converged."""
@@ -343,7 +358,7 @@ def own_reasons(record, inputs, reading):
         return ["its settings changed since the last successful run"]
     fingerprint, problems = reading
     was = record.get("fingerprint", {})
-    changed = sorted(key for key in set(fingerprint) | set(was) if fingerprint.get(key) != was.get(key))
+    changed = sorted(key for key in set(fingerprint) | set(was) if differs(key, fingerprint.get(key), was.get(key)))
     return list(problems) + (["changed since the last successful run: %s" % ", ".join(changed)] if changed else [])
 
 

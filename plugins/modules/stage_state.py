@@ -74,8 +74,9 @@ options:
             (C(key), C(user), C(addresses); the key alone, no prompt) are pass-or-fail checks.
           - C(boot) (true), C(gpus) (true), C(files) (paths, each fingerprinted by SHA-256), C(interfaces)
             (C(name), C(mtu), C(address); each also checked up, at that MTU and holding that address), C(images)
-            (C(docker_host), C(refs), C(sources); image IDs, each of C(refs) present, while one of C(sources) may
-            be absent but naming another image is a change), C(model) (C(path), C(fingerprint)) and C(containers)
+            (C(docker_host), C(refs); image IDs), C(sources) (C(docker_host), C(refs); the IDs of the images the
+            stage was made from, by name; one absent now is no change, one naming another image is), C(model)
+            (C(path), C(fingerprint)) and C(containers)
             (C(running) and C(absent) container names, C(docker_host) the modules' default unless given; each
             running one by ID and last start, so a container Docker restarted or someone recreated no longer
             matches) are fingerprinted.

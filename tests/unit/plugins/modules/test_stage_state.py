@@ -561,20 +561,19 @@ def test_an_answer_given_from_earlier_in_the_run_is_taken_and_the_endpoint_not_a
     ]
 
 
-def test_a_source_image_named_again_runs_the_stage_and_one_absent_does_not(monkeypatch, node):
+def test_a_source_image_named_again_runs_the_stage_and_one_removed_does_not(monkeypatch, node):
     source = "registry.example/vllm/vllm-openai:v0.33.0"
     given = stages(node)
-    given[2]["checks"]["images"]["sources"] = [source]
+    given[2]["checks"]["sources"] = dict(docker_host="unix:///var/run/docker.sock", refs=[source])
     node["client"].images.items[source] = {"Id": "sha256:" + "c" * 64}
     record(monkeypatch, node, given)
+    assert verdicts(probe(monkeypatch, node, given))[2] == ("runtime_image", True)
+
+    # Removed after its image was promoted: the in-service image still serves, nothing to run.
+    del node["client"].images.items[source]
     assert verdicts(probe(monkeypatch, node, given))[2] == ("runtime_image", True)
 
     # Pulled again under the same name: a full run would verify and promote it.
     node["client"].images.items[source] = {"Id": "sha256:" + "d" * 64}
     result = probe(monkeypatch, node, given)
-    assert result["stages"][2]["reasons"] == ["changed since the last successful run: images"]
-
-    # Removed after it was promoted: the in-service image still serves.
-    del node["client"].images.items[source]
-    record(monkeypatch, node, given)
-    assert verdicts(probe(monkeypatch, node, given))[2] == ("runtime_image", True)
+    assert result["stages"][2]["reasons"] == ["changed since the last successful run: sources"]
