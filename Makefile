@@ -73,6 +73,7 @@ MOLECULE_DESTROY ?= always
 molecule: images
 	rm -rf $(MOLECULE_STATE) $(MOLECULE_STATE)-three_nodes
 	$(MAKE) --no-print-directory lab-down
+	@echo "molecule: three_nodes (its lines prefixed [three_nodes]) beside $(SCENARIOS)"; \
 	( MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE)-three_nodes $(MOLECULE) test -s three_nodes 2>&1 \
 	  | sed -u 's/^/[three_nodes] /'; exit $${PIPESTATUS[0]} ) & three=$$!; \
 	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test --destroy $(MOLECULE_DESTROY) \
