@@ -29,18 +29,19 @@ lab-down: venv
 
 ## Every test: lint, sanity, unit tests, Molecule scenarios on the lab, then the faults and bad inputs on the
 ## lab Molecule leaves up (one lab set-up for all of them); the bad-input suite takes it down.
-# The lab images build beside lint, sanity, unit and integration, which need none of them: a cold build
-# waits mostly on the package mirrors and the disk. Its lines are prefixed [images]. The suites after it
-# run whether or not the first ones passed (make -k reaches the sub-makes through MAKEFLAGS).
+# The lab images build beside lint, sanity and unit, which need none of them (its lines prefixed [images]).
+# integration runs after them: it compares the engine's dgx-spark-lab images before and after each case.
+# With -k the later suites run whatever the first ones gave, as before; without it the first failure stops.
 # MOLECULE_DESTROY=never: make test runs the faults on the lab Molecule leaves up.
+SUBMAKE := $(MAKE) --no-print-directory -o venv -o engine
+KEEP_GOING = $(findstring k,$(firstword -$(MAKEFLAGS)))
 test: venv engine
-	@echo "test: the lab images (lines prefixed [images]) beside lint sanity unit integration"; \
-	( $(MAKE) --no-print-directory -o venv -o engine images 2>&1 | sed -u 's/^/[images] /'; \
-	  exit $${PIPESTATUS[0]} ) & images=$$!; \
-	$(MAKE) --no-print-directory -o venv -o engine lint sanity unit integration; rc=$$?; \
+	@echo "test: the lab images (lines prefixed [images]) beside lint sanity unit"; \
+	( $(SUBMAKE) images 2>&1 | sed -u 's/^/[images] /'; exit $${PIPESTATUS[0]} ) & images=$$!; \
+	$(SUBMAKE) lint sanity unit; rc=$$?; \
 	wait $$images || { echo "images FAILED: read its lines, prefixed [images]"; exit 1; }; \
-	$(MAKE) --no-print-directory -o venv -o engine -o images MOLECULE_DESTROY=never \
-	  contract molecule faults || rc=1; exit $$rc
+	[ $$rc = 0 ] || [ -n "$(KEEP_GOING)" ] || exit $$rc; \
+	$(SUBMAKE) -o images MOLECULE_DESTROY=never integration contract molecule faults || rc=1; exit $$rc
 
 lint: venv
 	ruff check .
