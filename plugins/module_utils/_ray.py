@@ -129,9 +129,10 @@ def desired_config(p, image_id, file_env=None):
 # seconds and stops as soon as exactly the expected IPs are alive with the expected GPUs, each node
 # registered no earlier than NOT_BEFORE ({ip: ms}) gives it (only a hint to stop early: compare() below
 # decides). Each node is printed with the keys of ray.nodes() (Alive, NodeManagerAddress,
-# NodeManagerHostname, Resources) and StartTimeMs, the raylet's own wall clock at its start.
+# NodeManagerHostname, Resources) and StartTimeMs, the raylet's own wall clock at its start. It leaves with
+# os._exit: the GcsClient's shutdown at a normal exit took 0.17-0.27 s after the answer was printed (0.02 s so).
 RAY_QUERY = (
-    "import json, signal, sys, time\n"
+    "import json, os, signal, sys, time\n"
     "watch = float(sys.argv[2]) if len(sys.argv) > 4 else 0.0\n"
     "not_before = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}\n"
     "signal.alarm(int(sys.argv[1]) + int(watch))\n"
@@ -156,6 +157,8 @@ RAY_QUERY = (
     "        break\n"
     "    time.sleep(0.1)\n"
     "print(json.dumps({'nodes': nodes}))\n"
+    "sys.stdout.flush()\n"
+    "os._exit(0)\n"
 )
 
 # Runs inside the head container: `python3 -c STOP_WATCH RAY_QUERY` ends every watching RAY_QUERY there (a
