@@ -129,8 +129,8 @@ def desired_config(p, image_id, file_env=None):
 # seconds and stops as soon as exactly the expected IPs are alive with the expected GPUs, each node
 # registered no earlier than NOT_BEFORE ({ip: ms}) gives it (only a hint to stop early: compare() below
 # decides). Each node is printed with the keys of ray.nodes() (Alive, NodeManagerAddress,
-# NodeManagerHostname, Resources) and StartTimeMs, the raylet's own wall clock at its start. It leaves with
-# os._exit: the GcsClient's shutdown at a normal exit took 0.17-0.27 s after the answer was printed (0.02 s so).
+# NodeManagerHostname, Resources) and StartTimeMs, the raylet's own wall clock at its start. It flushes stdout and
+# leaves with os._exit: a normal exit took 0.17-0.27 s after the answer was printed (about 0.02 s with it).
 RAY_QUERY = (
     "import json, os, signal, sys, time\n"
     "watch = float(sys.argv[2]) if len(sys.argv) > 4 else 0.0\n"
