@@ -2,7 +2,7 @@
 a message naming the parameter and the fix, and leave every node's state (containers, images,
 interfaces, files under /etc/dgx-spark, /var/lib/dgx-spark, /etc/netplan) exactly as it was.
 
-    .venv/bin/python tests/bad_inputs/run.py [--keep-lab] [--only NAME]
+    .venv/bin/python tests/bad_inputs/run.py [--keep-lab] [--only NAME] [--skip NAME]
 
 Prints `case | expected | observed | seconds` per case and `N passed, N failed` at the end.
 """
@@ -329,10 +329,15 @@ CASES = [
         "any, pip, system",
     ),
     (
+        # Six GPUs over the lab's two or three nodes, all in one tensor-parallel group.
         "deploy-tp-does-not-split-heads",
         "deploy",
         "deploy",
-        {"cluster_gpus_per_node": 3, "vllm_server_tensor_parallel_size": 6},
+        {
+            "cluster_gpus_per_node": 6 // len(lab.NODES),
+            "vllm_server_tensor_parallel_size": 6,
+            "vllm_server_pipeline_parallel_size": 1,
+        },
         "vllm_server_tensor_parallel_size: 6",
         "TP=2 x PP=3",
     ),
@@ -450,7 +455,7 @@ def check_case(kind, target, arguments, parameter, fix):
 
 def body(suite, args, _made):
     for name, kind, target, arguments, parameter, fix in CASES:
-        if args.only and not any(o in name for o in args.only):
+        if not lab.selected(args, name):
             continue
         suite.case(
             name,

@@ -459,12 +459,18 @@ class Suite:
         return 1 if self.failed else 0
 
 
+def selected(args, name):
+    """Whether --only and --skip leave the case called name in."""
+    return (not args.only or any(o in name for o in args.only)) and not any(s in name for s in args.skip)
+
+
 def main_wrapper(suite_name, body, argv=None):
     """Create the lab when absent, run `body(suite, args)`, take the lab down unless --keep-lab."""
 
     parser = argparse.ArgumentParser(description="%s on the lab of %s" % (suite_name, INVENTORY))
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab up at the end")
     parser.add_argument("--only", action="append", default=[], help="run only cases whose name contains this")
+    parser.add_argument("--skip", action="append", default=[], help="leave out cases whose name contains this")
     args = parser.parse_args(argv)
     suite = Suite(suite_name)
     started = time.monotonic()

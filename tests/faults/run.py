@@ -4,7 +4,7 @@ afterwards); model files and the in-service image are checked by hash and image 
 A frozen engine core and an MTU drift, reported by drift and repaired by enforce, are Molecule's reconverge
 scenario (each fault is run once, where its checks are).
 
-    .venv/bin/python tests/faults/run.py [--keep-lab] [--only NAME]
+    .venv/bin/python tests/faults/run.py [--keep-lab] [--only NAME] [--skip NAME]
 
 Prints `case | expected | observed | seconds` per case and `N passed, N failed` at the end.
 """
@@ -936,7 +936,7 @@ def case_mp(suite):
 
 def body(suite, args, fresh):
     def selected(name):
-        return not args.only or any(o in name for o in args.only)
+        return lab.selected(args, name)
 
     cases = [
         ("interrupted", lambda: case_interrupted(suite, fresh)),
@@ -956,9 +956,10 @@ def body(suite, args, fresh):
         ("mp", lambda: case_mp(suite)),
     ]
     os.makedirs(REPORTS, exist_ok=True)
-    # A subset starts from a lab that serves over Ray, as the whole suite leaves it between cases (the lab
-    # Molecule leaves up serves over mp): one deploy, which changes nothing on a converged lab.
-    if args.only and "interrupted" not in args.only:
+    # A subset without the interrupted deploy (which tears down first) starts from a lab that serves over Ray,
+    # as the whole suite leaves it between cases (the lab Molecule leaves up serves over mp): one deploy, which
+    # changes nothing on a converged lab.
+    if not selected("interrupted"):
         res = lab.deploy(timeout=400)
         print("# initial deploy: exit %s in %ss" % (res.rc, res.seconds), flush=True)
     for name, run_case in cases:
