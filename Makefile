@@ -78,16 +78,16 @@ SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy r
 # Molecule's state lives in build/ and starts empty: state left in ~/.ansible/tmp by another checkout
 # named the same (or an interrupted run) would otherwise make it skip creating the lab.
 MOLECULE_STATE := $(CURDIR)/build/molecule-state
-# never: leave the lab up at the end (make test runs the faults on it).
+# never: leave the lab up at the end (make test runs faults-two-nodes on it).
 MOLECULE_DESTROY ?= always
 # The scenarios start from nodes made new: a lab left up (make lab, or a make test that failed and kept it)
 # is taken down first.
-# three_nodes runs on a lab of its own (inventories/lab3), made and taken down by it alone, beside the
+# three_nodes runs on a lab of its own (inventories/lab3), made by it alone, beside the
 # scenarios on the two-node lab: the machine is 2 cores, but image loads and copies, Ansible and the engines'
 # starts leave it idle a fifth of the time, and the two labs share nothing but the images, built first.
 # Its lines are prefixed with [three_nodes]; each Molecule run has its own state directory.
-# With LAB3_SUITES=true, three_nodes leaves its lab up for lab3-suites, which take it down (so does a failed
-# scenario): those suites fill the time three_nodes leaves before the two-node scenarios end.
+# It takes its lab down at its end; with LAB3_SUITES=true it leaves it up for lab3-suites, which take it down
+# (so does a failed scenario): those suites fill the time three_nodes leaves before the two-node scenarios end.
 LAB3_SUITES ?=
 molecule: images
 	rm -rf $(MOLECULE_STATE) $(MOLECULE_STATE)-three_nodes
@@ -107,15 +107,16 @@ molecule: images
 faults: venv engine
 	python tests/faults/run.py --keep-lab; rc=$$?; python tests/bad_inputs/run.py || rc=1; exit $$rc
 
-# make test splits them: the fault cases with no time bound that restart no engine, then the bad inputs, run on
-# the three-node lab beside the two-node scenarios (lab3-suites; the machine is shared there, and a bound could
-# fail for the load alone); the other fault cases alone on the two-node lab after Molecule (faults-two-nodes,
-# which takes it down).
+# make test splits them. lab3-suites: the fault cases of FAULTS_ON_LAB3 (no time bound in what they expect, no
+# engine restarted), then the bad inputs, on the three-node lab beside the two-node scenarios (the machine is
+# shared there, and a bound could fail for the load alone). faults-two-nodes: the other fault cases alone on the
+# two-node lab after Molecule, which they take down; the security defaults run there too, on the layout the
+# Sparks use (read-only, seconds).
 FAULTS_ON_LAB3 := check-mode tags-model security
 LAB3 := DGX_SPARK_LAB_INVENTORY=$(CURDIR)/inventories/lab3
 LAB3_DOWN := ansible-playbook -i inventories/lab3 playbooks/lab.yml -e lab_state=absent -e lab_remove_images=false
 faults-two-nodes: venv engine
-	python tests/faults/run.py $(FAULTS_ON_LAB3:%=--skip %)
+	python tests/faults/run.py $(patsubst %,--skip %,$(filter-out security,$(FAULTS_ON_LAB3)))
 
 lab3-suites: venv engine
 	$(LAB3) python tests/faults/run.py --keep-lab $(FAULTS_ON_LAB3:%=--only %); rc=$$?; \
