@@ -6,8 +6,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/build/collections
 MOLECULE := molecule --base-config extensions/molecule/config.yml
 
-.PHONY: venv engine images lab deploy lab-down test lint sanity unit integration contract molecule faults \
-  faults-two-nodes lab3-suites clean
+.PHONY: venv engine images lab deploy lab-down test lint sanity unit integration contract molecule faults clean
 
 venv:
 	bash scripts/bootstrap.sh
@@ -28,13 +27,12 @@ lab-down: venv
 	ansible-playbook -i inventories/lab playbooks/lab.yml -e lab_state=absent \
 	  -e lab_remove_images=$${LAB_REMOVE_IMAGES:-false}
 
-## Every test: lint, sanity, unit tests, Molecule scenarios on the labs, the faults and the bad inputs on the
-## labs Molecule leaves up (no lab set up again for them).
+## Every test: lint, sanity, unit tests, Molecule scenarios on the lab, then the faults and bad inputs on the
+## lab Molecule leaves up (one lab set-up for all of them); the bad-input suite takes it down.
 # The lab images build beside lint, sanity and unit, which need none of them (its lines prefixed [images]).
 # integration runs after them: it compares the engine's dgx-spark-lab images before and after each case.
 # With -k the later suites run whatever the first ones gave, as before; without it the first failure stops.
-# MOLECULE_DESTROY=never: make test runs most fault cases on the two-node lab Molecule leaves up; LAB3_SUITES=true:
-# the others and the bad inputs on the three-node lab, beside the two-node scenarios.
+# MOLECULE_DESTROY=never: make test runs the faults on the lab Molecule leaves up.
 SUBMAKE := $(MAKE) --no-print-directory -o venv -o engine
 KEEP_GOING = $(findstring k,$(firstword -$(MAKEFLAGS)))
 test: venv engine
@@ -43,8 +41,7 @@ test: venv engine
 	$(SUBMAKE) lint sanity unit; rc=$$?; \
 	wait $$images || { echo "images FAILED: read its lines, prefixed [images]"; exit 1; }; \
 	[ $$rc = 0 ] || [ -n "$(KEEP_GOING)" ] || exit $$rc; \
-	$(SUBMAKE) -o images MOLECULE_DESTROY=never LAB3_SUITES=true integration contract molecule faults-two-nodes \
-	  || rc=1; exit $$rc
+	$(SUBMAKE) -o images MOLECULE_DESTROY=never integration contract molecule faults || rc=1; exit $$rc
 
 lint: venv
 	ruff check .
@@ -78,24 +75,19 @@ SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy r
 # Molecule's state lives in build/ and starts empty: state left in ~/.ansible/tmp by another checkout
 # named the same (or an interrupted run) would otherwise make it skip creating the lab.
 MOLECULE_STATE := $(CURDIR)/build/molecule-state
-# never: leave the lab up at the end (make test runs faults-two-nodes on it).
+# never: leave the lab up at the end (make test runs the faults on it).
 MOLECULE_DESTROY ?= always
 # The scenarios start from nodes made new: a lab left up (make lab, or a make test that failed and kept it)
 # is taken down first.
-# three_nodes runs on a lab of its own (inventories/lab3), made by it alone, beside the
+# three_nodes runs on a lab of its own (inventories/lab3), made and taken down by it alone, beside the
 # scenarios on the two-node lab: the machine is 2 cores, but image loads and copies, Ansible and the engines'
 # starts leave it idle a fifth of the time, and the two labs share nothing but the images, built first.
 # Its lines are prefixed with [three_nodes]; each Molecule run has its own state directory.
-# It takes its lab down at its end; with LAB3_SUITES=true it leaves it up for lab3-suites, which take it down
-# (so does a failed scenario): those suites fill the time three_nodes leaves before the two-node scenarios end.
-LAB3_SUITES ?=
 molecule: images
 	rm -rf $(MOLECULE_STATE) $(MOLECULE_STATE)-three_nodes
 	$(MAKE) --no-print-directory lab-down
-	@echo "molecule: three_nodes$(if $(LAB3_SUITES), then lab3-suites,) (lines prefixed [three_nodes]) beside $(SCENARIOS)"; \
-	( { MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE)-three_nodes $(MOLECULE) test -s three_nodes \
-	      --destroy $(if $(LAB3_SUITES),never,always) \
-	    $(if $(LAB3_SUITES),&& $(SUBMAKE) lab3-suites || { $(LAB3_DOWN); false; }); } 2>&1 \
+	@echo "molecule: three_nodes (its lines prefixed [three_nodes]) beside $(SCENARIOS)"; \
+	( MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE)-three_nodes $(MOLECULE) test -s three_nodes 2>&1 \
 	  | sed -u 's/^/[three_nodes] /'; exit $${PIPESTATUS[0]} ) & three=$$!; \
 	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test --destroy $(MOLECULE_DESTROY) \
 	  $(foreach s,$(SCENARIOS),-s $(s)); rc=$$?; \
@@ -106,21 +98,6 @@ molecule: images
 ## takes it down.
 faults: venv engine
 	python tests/faults/run.py --keep-lab; rc=$$?; python tests/bad_inputs/run.py || rc=1; exit $$rc
-
-# make test splits them. lab3-suites: the fault cases of FAULTS_ON_LAB3 (no time bound in what they expect, no
-# engine restarted), then the bad inputs, on the three-node lab beside the two-node scenarios (the machine is
-# shared there, and a bound could fail for the load alone). faults-two-nodes: the other fault cases alone on the
-# two-node lab after Molecule, which they take down; the security defaults run there too, on the layout the
-# Sparks use (read-only, seconds).
-FAULTS_ON_LAB3 := check-mode tags-model security
-LAB3 := DGX_SPARK_LAB_INVENTORY=$(CURDIR)/inventories/lab3
-LAB3_DOWN := ansible-playbook -i inventories/lab3 playbooks/lab.yml -e lab_state=absent -e lab_remove_images=false
-faults-two-nodes: venv engine
-	python tests/faults/run.py $(patsubst %,--skip %,$(filter-out security,$(FAULTS_ON_LAB3)))
-
-lab3-suites: venv engine
-	$(LAB3) python tests/faults/run.py --keep-lab $(FAULTS_ON_LAB3:%=--only %); rc=$$?; \
-	$(LAB3) python tests/bad_inputs/run.py || rc=1; exit $$rc
 
 clean:
 	rm -rf build tests/output
