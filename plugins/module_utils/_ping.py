@@ -17,6 +17,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import C_LOC
 
 _STATS = re.compile(r"(\d+) packets transmitted, (\d+) received(?:, \+(\d+) errors)?, ([\d.]+)% packet loss")
 _RTT = re.compile(r"rtt min/avg/max/mdev = [\d.]+/([\d.]+)/")
+_REPLY_SEQ = re.compile(r"^\d+ bytes from .*: icmp_seq=(\d+) ", re.MULTILINE)
 
 # Causes, with the sentence the module reports for each.
 CAUSES = {
@@ -51,9 +52,15 @@ def parse(rc, out, err):
         result["rtt_avg_ms"] = float(rtt.group(1))
     lowered = text.lower()
     if rc == 0 and result["received"]:
-        # rc 0 under -w: every reply counted came; ping sent one more for each late or lost one. One is a peer
-        # just brought up or busy; more is loss.
-        lost = result["transmitted"] - result["received"]
+        # rc 0 under -w: count replies came. ping kept sending every interval until then, so requests still in
+        # flight (a slow peer: a 31 ms round trip at 10 ms apart leaves two) count in its "packet loss". Lost are
+        # only those unanswered below the highest answered icmp_seq. One is a peer just brought up; more is loss.
+        seqs = {int(seq) for seq in _REPLY_SEQ.findall(out)}
+        if seqs:
+            lost = max(seqs) - len(seqs)
+            result["loss_percent"] = round(100.0 * lost / max(seqs), 4)
+        else:
+            lost = result["transmitted"] - result["received"]
         result["cause"] = "packet_loss" if lost > LOSS_TOLERATED else None
     elif "message too long" in lowered or "frag needed" in lowered:
         result["cause"] = "mtu_mismatch"

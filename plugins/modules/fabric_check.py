@@ -11,9 +11,11 @@ description:
   - For each rail (one fabric interface of this host) pings every peer address with
     C(ping -M do -s <mtu - 28> -c <count> -W <timeout> -w <deadline> -I <interface> <peer>), so that a frame
     of the full MTU must cross the path unfragmented.
-  - With the deadline (O(timeout) plus 0.2 s per ping, rounded up to whole seconds) ping sends until O(count)
-    replies came. One late or lost reply passes (a peer just brought up, a busy node) and is shown in
-    RV(results) as C(loss_percent); more than one, or fewer than O(count) replies by the deadline, is packet loss.
+  - With the deadline (O(timeout) plus the pings' spacing, 0.2 s each as a user and 0.01 s as root, rounded up
+    to whole seconds) ping sends until O(count) replies came. A request is lost when a later one was answered
+    and it was not; those still in flight when the last reply came are not (a slow or busy peer). One lost
+    request passes (a peer just brought up) and is shown in RV(results) as C(loss_percent); more than one, or
+    fewer than O(count) replies by the deadline, is packet loss.
   - On failure names the rail, the peer and the likely cause, read from ping's output and the link state
     (MTU mismatch on the path, no route, link down, peer unreachable, packet loss). When big pings are lost
     silently, a small ping tells an MTU drop on the path from an unreachable peer.
@@ -102,7 +104,9 @@ results:
       description: What failed and why, in words; empty when ok.
       type: str
     loss_percent:
-      description: Packet loss in percent.
+      description: >-
+        Lost requests in percent of those up to the last answered one; with fewer than O(count) replies by the
+        deadline, ping's own figure.
       type: float
       sample: 0.0
     rtt_avg_ms:
