@@ -55,9 +55,11 @@ sanity: venv
 unit: venv
 	pytest tests/unit
 
-## The lab images only (content-tagged: an unchanged image is found, not rebuilt).
+## The lab images only (content-tagged: an unchanged image is found, not rebuilt; LAB_REMOVE_STALE_IMAGES=true
+## then removes the lab images of other inputs, as .ci/run does).
 images: venv engine
-	ansible-playbook -i inventories/lab playbooks/lab.yml -e lab_images_only=true
+	ansible-playbook -i inventories/lab playbooks/lab.yml -e lab_images_only=true \
+	  -e lab_remove_stale_images=$${LAB_REMOVE_STALE_IMAGES:-false}
 
 ## What the collection emits of vLLM and Ray, held against the real packages in the lab's engine image.
 # Two pytest workers: each test is a container of the engine image, and the Ray tests wait on Ray's own start

@@ -17,7 +17,8 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._netif import C_LOC
 
 _STATS = re.compile(r"(\d+) packets transmitted, (\d+) received(?:, \+(\d+) errors)?, ([\d.]+)% packet loss")
 _RTT = re.compile(r"rtt min/avg/max/mdev = [\d.]+/([\d.]+)/")
-_REPLY_SEQ = re.compile(r"^\d+ bytes from .*: icmp_seq=(\d+) ", re.MULTILINE)
+# A reply line; ping does not count one with a bad checksum as received.
+_REPLY_SEQ = re.compile(r"^\d+ bytes from .*: icmp_seq=(\d+) (?!.*BAD CHECKSUM)", re.MULTILINE)
 
 # Causes, with the sentence the module reports for each.
 CAUSES = {
@@ -56,7 +57,7 @@ def parse(rc, out, err):
         # flight (a slow peer: a 31 ms round trip at 10 ms apart leaves two) count in its "packet loss". Lost are
         # only those unanswered below the highest answered icmp_seq. One is a peer just brought up; more is loss.
         seqs = {int(seq) for seq in _REPLY_SEQ.findall(out)}
-        if seqs:
+        if seqs and max(seqs) > 0:
             lost = max(seqs) - len(seqs)
             result["loss_percent"] = round(100.0 * lost / max(seqs), 4)
         else:

@@ -55,7 +55,9 @@ options:
     type: int
     default: 3
   timeout:
-    description: Seconds to wait for a reply when none came (C(ping -W)); the deadline adds 0.2 s per ping to it.
+    description: >-
+      Seconds to wait for a reply when none came (C(ping -W)); the deadline adds the pings' spacing to it (0.2 s
+      each as a user, 0.01 s as root).
     type: int
     default: 2
 """

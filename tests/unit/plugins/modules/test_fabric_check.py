@@ -161,3 +161,17 @@ def test_frag_needed_alone_is_an_mtu_mismatch():
     # A router's ICMP answer, before the kernel has learned the path MTU (no local error yet).
     rc, out, _err = recorded("ping", "ping_frag_needed")
     assert _ping.parse(rc, out, "")["cause"] == "mtu_mismatch"
+
+
+def test_a_reply_with_a_bad_checksum_is_not_an_answer():
+    # ping prints such a reply but does not count it as received. The recorded one-lost run (seq 1 dropped)
+    # edited: seq 3's reply corrupted, so ping sent seq 5 for it.
+    rc, out, err = recorded("ping", "ping_deadline_one_lost")
+    seq3 = "icmp_seq=3 ttl=64 time=0.068 ms"
+    seq4 = "8980 bytes from 198.18.100.11: icmp_seq=4 ttl=64 time=0.084 ms"
+    out = out.replace(seq3, seq3 + " (BAD CHECKSUM!)")
+    out = out.replace(seq4, seq4 + "\n8980 bytes from 198.18.100.11: icmp_seq=5 ttl=64 time=0.071 ms")
+    out = out.replace("4 packets transmitted, 3 received, 25%", "5 packets transmitted, 3 received, 40%")
+    verdict = _ping.parse(rc, out, err)
+    assert verdict["cause"] == "packet_loss"
+    assert verdict["loss_percent"] == pytest.approx(40.0)
