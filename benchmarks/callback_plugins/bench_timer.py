@@ -97,6 +97,7 @@ class CallbackModule(CallbackBase):
                         "engine",
                         "synced",
                         "sent_bytes",
+                        "seconds",
                     )
                     if k in res
                 },

@@ -103,6 +103,8 @@ MONITORING = _LAB["monitoring"]
 IN_SERVICE = "dgx-spark/vllm-runtime:in-service"
 # The collection's paths on a node: what a bad input must leave alone.
 STATE_PATHS = ("/etc/dgx-spark", "/var/lib/dgx-spark", "/etc/netplan")
+# Each node's stage record (module stage_state): the stages' records and the next run's plan.
+STAGE_RECORD = "/var/lib/dgx-spark/stages.json"
 
 
 class Result:
@@ -386,6 +388,22 @@ def completion(client=WORKER, url=API_URL):
 # deploy.yml runs its stages in one play; each stage starts with this task.
 STAGES_PLAY = "Deploy stages"
 STAGE_START = "TASK [Mark the start of stage %s]"
+
+
+def deploy_stages():
+    """Every stage deploy.yml runs on this lab, in order: its literal groups, then monitoring where enabled."""
+    with open(os.path.join(ROOT, "playbooks", "deploy.yml"), encoding="utf-8") as fh:
+        groups = yaml.safe_load(fh)[0]["vars"]["_deploy_stage_groups"]
+    return [name for group in groups if isinstance(group, list) for name in group] + (
+        ["monitoring"] if MONITORING else []
+    )
+
+
+def recorded_plan(host):
+    """(key, stage names) of the plan in the node's stage record; (None, []) when it holds none."""
+    text = node(host, "cat", STAGE_RECORD, check=False)
+    plan = (json.loads(text) if text.strip() else {}).get("plan") or {}
+    return plan.get("key"), [stage["name"] for stage in plan.get("stages", [])]
 
 
 def stages_started(res):

@@ -180,16 +180,23 @@ def case_interrupted(suite, fresh):
         models = {h: lab.model_hashes(snap[h]) for h in lab.NODES}
         same = len(set(images.values())) == 1 and None not in images.values()
         model_ok = all(m == head_model for m in models.values()) and bool(head_model)
-        observed = "deploy exit %s in %ss; completion %s; in-service image %s on both nodes; model %s" % (
+        # The run that converged records the next run's plan on every node: one key, every stage in run order.
+        plans = {h: lab.recorded_plan(h) for h in lab.NODES}
+        keys = {key for key, _names in plans.values()}
+        plan_ok = len(keys) == 1 and None not in keys and all(n == lab.deploy_stages() for _k, n in plans.values())
+        observed = "deploy exit %s in %ss; completion %s; in-service image %s on both nodes; model %s; plan %s" % (
             res.rc,
             res.seconds,
             "ok: %r" % text[:40] if ok else "FAILED (%s)" % text,
             "the same" if same else "DIFFERS %s" % images,
             "equal to the head's generated files" if model_ok else "DIFFERS",
+            "recorded on every node with every stage in order"
+            if plan_ok
+            else "NOT as expected %s (stages %s)" % (plans, lab.deploy_stages()),
         )
-        return res.rc == 0 and ok and same and model_ok, observed
+        return res.rc == 0 and ok and same and model_ok and plan_ok, observed
 
-    suite.case("interrupted-deploy/next-run", "converges and serves", converge)
+    suite.case("interrupted-deploy/next-run", "converges, serves and records its plan", converge)
 
 
 def case_worker_unreachable(suite):
@@ -603,9 +610,6 @@ def case_check_mode_summary(suite):
     suite.case("check-mode-summary", "summary names the endpoint and its passed probe; state unchanged", body)
 
 
-STAGE_RECORD = "/var/lib/dgx-spark/stages.json"
-
-
 def case_tags_model(suite):
     """A worker's model file removed while serving: `--tags model` alone copies it back (the other stages' facts
     from their records); a worker without stage records makes `--tags model` stop before anything runs, naming it."""
@@ -627,13 +631,13 @@ def case_tags_model(suite):
     suite.case("tags-model-repairs-a-worker-file", "--tags model copies it back; data intact; serves", repaired)
 
     def refused():
-        lab.node(lab.WORKER, "mv", STAGE_RECORD, STAGE_RECORD + ".faults")
+        lab.node(lab.WORKER, "mv", lab.STAGE_RECORD, lab.STAGE_RECORD + ".faults")
         try:
             before = lab.snapshots()
             res = lab.deploy("--tags", "model", timeout=FAIL_BOUND)
             changed = lab.diff(before, lab.snapshots())
         finally:
-            lab.node(lab.WORKER, "mv", STAGE_RECORD + ".faults", STAGE_RECORD)
+            lab.node(lab.WORKER, "mv", lab.STAGE_RECORD + ".faults", lab.STAGE_RECORD)
         text = " ".join(res.lines)
         said = "%s holds no record of preflight" % lab.WORKER in text and "Run the deploy once without --tags" in text
         started = lab.stages_started(res)
