@@ -1152,6 +1152,7 @@ def result(args, raw, failures, began, done):
     for runs in raw.values():
         for r in runs:
             if "timer" in r:
+                r["stages_why"] = _said(r["timer"], WHY_TASK)
                 r["slowest_tasks"] = _slowest(r.pop("timer"))
     return dict(
         runs=done,
@@ -1209,6 +1210,15 @@ def report(doc):
             "\nfailed runs, tried again: %s"
             % ", ".join("%s #%d" % (f["scenario"], f["attempt"]) for f in doc["failures"])
         )
+
+
+# The deploy's first play says why each stage runs or not (playbooks/tasks/deploy_settings.yml).
+WHY_TASK = "Say why each stage runs or not"
+
+
+def _said(tasks, name):
+    """{host: message} of a debug task: a cold run that took the stage-record path says here what the probe found."""
+    return {t["host"]: t["result"]["msg"] for t in tasks if t["task"] == name and "msg" in t["result"]}
 
 
 def _slowest(tasks, n=12):

@@ -98,6 +98,7 @@ class CallbackModule(CallbackBase):
                         "synced",
                         "sent_bytes",
                         "seconds",
+                        "msg",
                     )
                     if k in res
                 },
