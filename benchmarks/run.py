@@ -1152,7 +1152,8 @@ def result(args, raw, failures, began, done):
     for runs in raw.values():
         for r in runs:
             if "timer" in r:
-                r["stages_why"] = _said(r["timer"], WHY_TASK)
+                said = {h: task(r, WHY_TASK, h) for h in (HEAD, WORKER)}
+                r["stages_why"] = {h: t["result"]["msg"] for h, t in said.items() if t and "msg" in t["result"]}
                 r["slowest_tasks"] = _slowest(r.pop("timer"))
     return dict(
         runs=done,
@@ -1212,13 +1213,9 @@ def report(doc):
         )
 
 
-# The deploy's first play says why each stage runs or not (playbooks/tasks/deploy_settings.yml).
+# The deploy's first play says why each stage runs or not (playbooks/tasks/deploy_settings.yml): kept per run, so a
+# cold run that took the stage-record path says what the probe found.
 WHY_TASK = "Say why each stage runs or not"
-
-
-def _said(tasks, name):
-    """{host: message} of a debug task: a cold run that took the stage-record path says here what the probe found."""
-    return {t["host"]: t["result"]["msg"] for t in tasks if t["task"] == name and "msg" in t["result"]}
 
 
 def _slowest(tasks, n=12):

@@ -183,7 +183,8 @@ def case_interrupted(suite, fresh):
         # The run that converged records the next run's plan on every node: one key, every stage in run order.
         plans = {h: lab.recorded_plan(h) for h in lab.NODES}
         keys = {key for key, _names in plans.values()}
-        plan_ok = len(keys) == 1 and None not in keys and all(n == lab.deploy_stages() for _k, n in plans.values())
+        stages = lab.deploy_stages()
+        plan_ok = len(keys) == 1 and None not in keys and all(names == stages for _key, names in plans.values())
         observed = "deploy exit %s in %ss; completion %s; in-service image %s on both nodes; model %s; plan %s" % (
             res.rc,
             res.seconds,
@@ -192,7 +193,7 @@ def case_interrupted(suite, fresh):
             "equal to the head's generated files" if model_ok else "DIFFERS",
             "recorded on every node with every stage in order"
             if plan_ok
-            else "NOT as expected %s (stages %s)" % (plans, lab.deploy_stages()),
+            else "NOT as expected %s (stages %s)" % (plans, stages),
         )
         return res.rc == 0 and ok and same and model_ok and plan_ok, observed
 
