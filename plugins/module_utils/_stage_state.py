@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     DOCKER_COMMON_ARGS,
     HAS_DOCKER,
@@ -35,13 +36,43 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._nvidia_smi import 
     read_boot_id,
 )
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._ping import HEADERS, RailPinger
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._probe import PROBE_ARGS
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._ssh import unreachable
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import read_text, write_text
 
 # Seconds a service of check `listening` has to accept a connection (a local or same-switch address).
 LISTEN_TIMEOUT_S = 2
 # 2: each stage's record carries the node's time it was made (at).
 RECORD_VERSION = 2
+# The argument specs of a stage, of the endpoint a stage serves and of a run's plan: module stage_state's, and
+# the record option of the modules that end a node's stage group (RECORD_OPTIONS).
+STAGE_OPTIONS = dict(
+    name=dict(type="str", required=True),
+    inputs=dict(type="str", required=True),
+    facts=dict(type="dict", default={}),
+    fact_names=dict(type="list", elements="str", default=[]),
+    checks=dict(type="dict", default={}),
+)
+ENDPOINT_OPTIONS = dict(
+    stage=dict(type="str", required=True),
+    host=dict(type="str", required=True),
+    port=dict(type="int", required=True),
+    answer=dict(type="dict"),
+    **PROBE_ARGS,
+)
+PLAN_OPTIONS = dict(
+    key=dict(type="str", required=True, no_log=False),
+    # Checked against STAGE_OPTIONS and ENDPOINT_OPTIONS by validate_plan.
+    stages=dict(type="list", elements="dict", default=[]),
+    endpoint=dict(type="dict"),
+    api_key=dict(type="str", no_log=True),
+)
+RECORD_PATH = "/var/lib/dgx-spark/stages.json"
+RECORD_OPTIONS = dict(
+    path=dict(type="path", default=RECORD_PATH),
+    stages=dict(type="list", elements="dict", default=[], options=STAGE_OPTIONS),
+    plan=dict(type="dict", options=PLAN_OPTIONS),
+)
 # GPU fields that stay put while a node serves (clocks, memory use and pstate move).
 GPU_STABLE_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version", "persistence_mode")
 
@@ -424,3 +455,52 @@ def record(module, path, stages, plan=None):
 
 # The checks a stage may name: one per LiveState.check_<name>.
 CHECK_KEYS = frozenset(name[len("check_") :] for name in vars(LiveState) if name.startswith("check_"))
+
+
+def validated(module, what, given, options):
+    """given checked against options (an argument spec) as AnsibleModule checks its own; fails naming what."""
+    result = ArgumentSpecValidator(options).validate(given)
+    if result.error_messages:
+        module.fail_json(msg="%s: %s" % (what, "; ".join(result.error_messages)))
+    return result.validated_parameters
+
+
+def checked_input(module, what, stages, plan):
+    """stages and plan as given (plan's stages and endpoint validated); fails naming what on unknown checks."""
+    if plan:
+        plan["stages"] = [validated(module, what + "plan.stages", stage, STAGE_OPTIONS) for stage in plan["stages"]]
+        if plan["endpoint"]:
+            plan["endpoint"] = validated(module, what + "plan.endpoint", plan["endpoint"], ENDPOINT_OPTIONS)
+    for stage in stages + (plan["stages"] if plan else []):
+        unknown = sorted(set(stage["checks"]) - CHECK_KEYS)
+        if unknown:
+            module.fail_json(
+                msg="%sstages: %s has unknown checks %s; use %s."
+                % (what, stage["name"], unknown, ", ".join(sorted(CHECK_KEYS)))
+            )
+    return stages, plan
+
+
+def record_and_write(module, path, stages, plan=None):
+    """record(), written to path (mode 0600) when it changed and not in check mode: (done, skipped, changed)."""
+    done, skipped, changed, text = record(module, path, stages, plan)
+    if changed and not module.check_mode:
+        write_text(module, path, text, "0600")
+    return done, skipped, changed
+
+
+def record_group(module, spec, found=None):
+    """The record option of a module that ends this node's stage group (RECORD_OPTIONS): the group recorded
+    after the module's own work succeeded, with the facts it found (name: value) added to the stage whose
+    fact_names hold them. Returns what the module reports as its result's record."""
+    stages, plan = checked_input(module, "record.", spec["stages"], spec["plan"])
+    found = found or {}
+    stages = [
+        dict(stage, facts=dict(stage["facts"], **{k: v for k, v in found.items() if k in stage["fact_names"]}))
+        for stage in stages
+    ]
+    done, skipped, changed = record_and_write(module, spec["path"], stages, plan)
+    out = dict(recorded=done, reasons=skipped, changed=changed)
+    if plan is not None:
+        out["plan"] = "plan" not in skipped
+    return out

@@ -26,6 +26,7 @@ author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
   - dgx_spark.vllm.docker
   - dgx_spark.vllm.container
+  - dgx_spark.vllm.stage_record
   - dgx_spark.vllm.attributes.STATEFUL
 options:
   name:
@@ -200,6 +201,13 @@ ready_seconds:
   description: Seconds until Ray reported it started (after a (re)start only).
   returned: when the container was (re)started
   type: float
+record:
+  description: >-
+    What O(record) recorded (C(recorded), the stages; C(reasons), why a stage or the plan was not; C(changed);
+    C(plan), whether the plan was, with O(record.plan)).
+  returned: when O(record) is given, O(state=started) and not in check mode
+  type: dict
+  sample: {recorded: [ray_cluster, vllm_server], reasons: {}, changed: true, plan: true}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -212,6 +220,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     find_container,
     log_tail,
 )
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import RECORD_OPTIONS, record_group
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
 try:
@@ -237,6 +246,8 @@ class RayNode:
             self.absent(current)
         else:
             self.started(client, current)
+            if self.p["record"] and not self.module.check_mode:
+                self.result["record"] = record_group(self.module, self.p["record"])
         self.module.exit_json(**self.result)
 
     def absent(self, current):
@@ -364,6 +375,7 @@ def main():
         wait_ready=dict(type="bool", default=True),
         start_timeout=dict(type="int", default=120),
         log_lines=dict(type="int", default=40),
+        record=dict(type="dict", options=RECORD_OPTIONS),
     )
     argument_spec.update(DOCKER_COMMON_ARGS)
     argument_spec.update(_container.CONTRACT_ARGS)

@@ -264,16 +264,18 @@ first_run:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _probe
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import (
-    CHECK_KEYS,
+    ENDPOINT_OPTIONS,
+    PLAN_OPTIONS,
+    RECORD_PATH,
+    STAGE_OPTIONS,
     check,
+    checked_input,
     planned,
     probe,
-    record,
+    record_and_write,
 )
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._textfile import write_text
 
 
 def ask(served):
@@ -288,14 +290,6 @@ def ask(served):
     return _probe.probe_url(open_url, base, served, once=True)
 
 
-def validated(module, what, given, options):
-    """given checked against options (an argument spec) as AnsibleModule checks its own; fails naming what."""
-    result = ArgumentSpecValidator(options).validate(given)
-    if result.error_messages:
-        module.fail_json(msg="%s: %s" % (what, "; ".join(result.error_messages)))
-    return result.validated_parameters
-
-
 def read_meminfo():
     """The node's /proc/meminfo, for the deploy's memory-fit check (GB10 memory is unified); None where unreadable."""
     try:
@@ -306,51 +300,18 @@ def read_meminfo():
 
 
 def main():
-    stage_options = dict(
-        name=dict(type="str", required=True),
-        inputs=dict(type="str", required=True),
-        facts=dict(type="dict", default={}),
-        fact_names=dict(type="list", elements="str", default=[]),
-        checks=dict(type="dict", default={}),
-    )
-    endpoint_options = dict(
-        stage=dict(type="str", required=True),
-        host=dict(type="str", required=True),
-        port=dict(type="int", required=True),
-        answer=dict(type="dict"),
-        **_probe.PROBE_ARGS,
-    )
     module = AnsibleModule(
         argument_spec=dict(
             operation=dict(type="str", choices=["probe", "record", "check"], required=True),
-            path=dict(type="path", default="/var/lib/dgx-spark/stages.json"),
-            stages=dict(type="list", elements="dict", default=[], options=stage_options),
-            endpoint=dict(type="dict", options=endpoint_options),
-            plan=dict(
-                type="dict",
-                options=dict(
-                    key=dict(type="str", required=True, no_log=False),
-                    # Checked below against stage_options and endpoint_options, as O(stages) and O(endpoint).
-                    stages=dict(type="list", elements="dict", default=[]),
-                    endpoint=dict(type="dict"),
-                    api_key=dict(type="str", no_log=True),
-                ),
-            ),
+            path=dict(type="path", default=RECORD_PATH),
+            stages=dict(type="list", elements="dict", default=[], options=STAGE_OPTIONS),
+            endpoint=dict(type="dict", options=ENDPOINT_OPTIONS),
+            plan=dict(type="dict", options=PLAN_OPTIONS),
         ),
         supports_check_mode=True,
     )
-    path, stages, plan = module.params["path"], module.params["stages"], module.params["plan"]
-    if plan:
-        plan["stages"] = [validated(module, "plan.stages", stage, stage_options) for stage in plan["stages"]]
-        if plan["endpoint"]:
-            plan["endpoint"] = validated(module, "plan.endpoint", plan["endpoint"], endpoint_options)
-    for stage in stages + (plan["stages"] if plan else []):
-        unknown = sorted(set(stage["checks"]) - CHECK_KEYS)
-        if unknown:
-            module.fail_json(
-                msg="stages: %s has unknown checks %s; use %s."
-                % (stage["name"], unknown, ", ".join(sorted(CHECK_KEYS)))
-            )
+    path = module.params["path"]
+    stages, plan = checked_input(module, "", module.params["stages"], module.params["plan"])
     if not stages and not (plan and module.params["operation"] in ("probe", "record")):
         module.fail_json(msg="stages: give the stages (or, to probe or record a plan, plan).")
     if module.params["operation"] == "probe":
@@ -382,9 +343,7 @@ def main():
             for name, problems in check(module, stages)
         ]
         module.exit_json(changed=False, stages=found)
-    done, skipped, changed, text = record(module, path, stages, plan)
-    if changed and not module.check_mode:
-        write_text(module, path, text, "0600")
+    done, skipped, changed = record_and_write(module, path, stages, plan)
     extra = {}
     if plan is not None:
         extra["plan"] = dict(recorded="plan" not in skipped, why=(skipped.get("plan") or [None])[0])

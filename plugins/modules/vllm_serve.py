@@ -41,6 +41,7 @@ author: dgx_spark.vllm contributors (@dgx-spark)
 extends_documentation_fragment:
   - dgx_spark.vllm.docker
   - dgx_spark.vllm.container
+  - dgx_spark.vllm.stage_record
   - dgx_spark.vllm.attributes.STATEFUL
 options:
   container:
@@ -306,6 +307,12 @@ options:
   hub_token:
     description: Token for O(hub_repo_id).
     type: str
+  record_facts:
+    description:
+      - With O(record), the facts the stages record from what this serve found (RV(found)), as fact name and
+        key of RV(found); each goes to the stage whose C(fact_names) holds it.
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
@@ -426,6 +433,17 @@ actions:
   returned: always
   type: list
   elements: str
+found:
+  description:
+    - What a successful O(state=started) found for later runs to keep - C(engine) (as RV(engine), when it was
+      asked) and C(memory_fit) (as RV(memory_fit), when it was checked, not skipped).
+  returned: when state is started and the serve succeeded
+  type: dict
+  sample: {engine: vllm 0.33.0}
+record:
+  description: What O(record) recorded, as M(dgx_spark.vllm.ray_node)'s RV(dgx_spark.vllm.ray_node#module:record).
+  returned: when O(record) is given, O(state=started), the serve succeeded and not in check mode
+  type: dict
 ray_gpus_alive:
   description:
     - GPUs Ray listed alive when the watchdog was about to restart a failed engine (backend ray), from one read
@@ -462,6 +480,7 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     log_tail,
     watch_containers,
 )
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import RECORD_OPTIONS, record_group
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
 try:
@@ -543,6 +562,24 @@ class VllmServe:
         out.update(extra)
         self.module.fail_json(msg=msg, **out)
 
+    def finish(self):
+        """Exit with the result. A successful start reports what it found for later runs and, given O(record),
+        records the stage group it ends on this node (the deploy's, which then needs no task of its own)."""
+        if self.p["state"] == "started":
+            found = {key: self.result.get(key) for key in ("engine", "memory_fit")}
+            if str((found["memory_fit"] or {}).get("check", "")).startswith("skipped"):
+                # A skipped check found nothing: the fit an earlier run found holds.
+                found["memory_fit"] = None
+            self.result["found"] = {key: value for key, value in found.items() if value is not None}
+            if self.p["record"] and not self.module.check_mode:
+                facts = {
+                    name: self.result["found"][key]
+                    for name, key in self.p["record_facts"].items()
+                    if key in self.result["found"]
+                }
+                self.result["record"] = record_group(self.module, self.p["record"], facts)
+        self.module.exit_json(**self.result)
+
     # --- stages ----------------------------------------------------------------------------
     def run(self):
         if self.p["backend"] == "mp":
@@ -567,9 +604,9 @@ class VllmServe:
             # Preflight: the port must be free unless our own server already holds it.
             if not (running and self.status()["alive"]) and not self.port_owned(client):
                 self.check_port_free()
-            self.module.exit_json(**self.result)
+            self.finish()
         if not running:
-            self.module.exit_json(**self.result)
+            self.finish()
         current = self.status()
         state = current["state"] or {}
         before = dict(args_hash=state.get("args_hash"), alive=current["alive"], command=state.get("argv"))
@@ -579,7 +616,7 @@ class VllmServe:
                 self.result.update(changed=True, actions=["stopped"])
                 if not self.module.check_mode:
                     self.stop(state["pid"])
-            self.module.exit_json(**self.result)
+            self.finish()
         self.result["diff"] = dict(before=before, after=dict(args_hash=digest, alive=True, command=argv))
         same = state.get("args_hash") == digest
         probe = None
@@ -590,7 +627,7 @@ class VllmServe:
         if probe and probe["ok"]:
             self.result["pid"] = state["pid"]
             self.report(probe)
-            self.module.exit_json(**self.result)
+            self.finish()
         self.result["changed"] = True
         self.result["actions"].append("restarted" if current["alive"] else "started")
         failed = None
@@ -601,7 +638,7 @@ class VllmServe:
         if failed:
             self.watchdog(failed)
         if self.module.check_mode:
-            self.module.exit_json(**self.result)
+            self.finish()
         if failed:
             self.check_ray_gpus_alive()
         if current["alive"]:
@@ -614,7 +651,7 @@ class VllmServe:
         self.start(argv, env, digest)
         self.wait_health()
         self.verify()
-        self.module.exit_json(**self.result)
+        self.finish()
 
     def check_ray_gpus_alive(self):
         """Before the watchdog restarts the engine: one read of Ray's node table. A deploy that found the
@@ -1024,7 +1061,7 @@ class MpRank(VllmServe):
                 self.result.update(changed=True, actions=["removed"])
                 if not self.module.check_mode:
                     self.docker(self.container.remove, force=True)
-            self.module.exit_json(**self.result)
+            self.finish()
         running = self.container is not None and self.container.status == "running"
         try:
             image = _image.image_or_none(client, p["image"])
@@ -1043,7 +1080,7 @@ class MpRank(VllmServe):
             self.result["flag_check"] = "checked by the head (rank 0): the same image and flags"
         if image is None:
             # The image is not on this node yet (the first play runs before the runtime image stage).
-            self.module.exit_json(**self.result)
+            self.finish()
         container_env = dict(_container.module_file_env(self.module, self.fail), **p["container_env"])
         container_env.update(env)
         config = _container.container_config(p, image.id, argv, "rank-%d" % p["node_rank"], container_env)
@@ -1069,14 +1106,14 @@ class MpRank(VllmServe):
             # This rank's own running server holds the port, as may the other backend's.
             if p["node_rank"] == 0 and not running and not self.port_owned(client):
                 self.check_port_free()
-            self.module.exit_json(**self.result)
+            self.finish()
         if plan is not None:
             self.result.update(changed=True, actions=[plan])
             if self.module.check_mode:
-                self.module.exit_json(**self.result)
+                self.finish()
             self.apply(client, config, digest, plan)
         if p["node_rank"] > 0 or self.module.check_mode:
-            self.module.exit_json(**self.result)
+            self.finish()
         if plan is not None:
             self.watch_workers()
             self.wait_health()
@@ -1091,7 +1128,7 @@ class MpRank(VllmServe):
                     "(its plan step restarts every rank). %s" % (probe["step"], probe["why"], self.failure_detail())
                 )
             self.report(probe)
-        self.module.exit_json(**self.result)
+        self.finish()
 
     def check_mp_input(self):
         p = self.p
@@ -1247,6 +1284,8 @@ def main():
         hub_repo_id=dict(type="str"),
         hub_revision=dict(type="str"),
         hub_token=dict(type="str", no_log=True),
+        record=dict(type="dict", options=RECORD_OPTIONS),
+        record_facts=dict(type="dict", default={}),
     )
     argument_spec.update(DOCKER_COMMON_ARGS)
     argument_spec.update(_container.CONTRACT_ARGS)
