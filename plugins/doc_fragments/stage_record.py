@@ -49,6 +49,15 @@ options:
             description: The live state the stage leaves, as O(dgx_spark.vllm.stage_state#module:stages[].checks).
             type: dict
             default: {}
+      forget:
+        description:
+          - Stages whose records are dropped before O(record.stages) are recorded. The deploy's head drops those of
+            its cluster group as its Ray container starts, so a run that fails before the serve verified the
+            endpoint leaves the head without them and the next run starts the group again on every node (a worker's
+            record, made as its own Ray container started, does not show that it joined).
+        type: list
+        elements: str
+        default: []
       plan:
         description: The run's plan, as O(dgx_spark.vllm.stage_state#module:plan).
         type: dict

@@ -62,7 +62,7 @@ ENDPOINT_OPTIONS = dict(
 )
 PLAN_OPTIONS = dict(
     key=dict(type="str", required=True, no_log=False),
-    # Checked against STAGE_OPTIONS and ENDPOINT_OPTIONS by validate_plan.
+    # Checked against STAGE_OPTIONS and ENDPOINT_OPTIONS by checked_input.
     stages=dict(type="list", elements="dict", default=[]),
     endpoint=dict(type="dict"),
     api_key=dict(type="str", no_log=True),
@@ -72,6 +72,7 @@ RECORD_OPTIONS = dict(
     path=dict(type="path", default=RECORD_PATH),
     stages=dict(type="list", elements="dict", default=[], options=STAGE_OPTIONS),
     plan=dict(type="dict", options=PLAN_OPTIONS),
+    forget=dict(type="list", elements="str", default=[]),
 )
 # GPU fields that stay put while a node serves (clocks, memory use and pstate move).
 GPU_STABLE_FIELDS = ("index", "uuid", "name", "pci.bus_id", "driver_version", "persistence_mode")
@@ -399,16 +400,17 @@ def check(module, stages):
     return [(stage["name"], live.read(stage.get("checks") or {})[1]) for stage in stages]
 
 
-def record(module, path, stages, plan=None):
+def record(module, path, stages, plan=None, forget=()):
     """Record every stage given (run just now): settings digest, live fingerprint and facts.
 
     Returns (recorded names, skipped {name: problems}, changed, text). A stage whose live checks fail now is
     not recorded (and an older record of it is dropped), so the next run does it again. With plan (key, stages
     with their inputs and checks, endpoint), the plan is recorded when every one of its stages is recorded with
-    those inputs; otherwise it is dropped (skipped["plan"] says why). Without plan, the old one is kept.
+    those inputs; otherwise it is dropped (skipped["plan"] says why). Without plan, the old one is kept. The
+    records of the stages named in forget are dropped first.
     """
     current = load_record(path)
-    updated = dict(current["stages"])
+    updated = {name: was for name, was in current["stages"].items() if name not in forget}
     live = LiveState(module)
     done, skipped = [], {}
     # This node's clock; only this node's records are compared with it (probe).
@@ -481,25 +483,34 @@ def checked_input(module, what, stages, plan):
     return stages, plan
 
 
-def record_and_write(module, path, stages, plan=None):
+def record_and_write(module, path, stages, plan=None, forget=()):
     """record(), written to path (mode 0600) when it changed and not in check mode: (done, skipped, changed)."""
-    done, skipped, changed, text = record(module, path, stages, plan)
+    done, skipped, changed, text = record(module, path, stages, plan, forget)
     if changed and not module.check_mode:
         write_text(module, path, text, "0600")
     return done, skipped, changed
 
 
+def checked_record(module):
+    """The module's record option (RECORD_OPTIONS), checked before the module changes anything."""
+    spec = module.params["record"]
+    if spec:
+        checked_input(module, "record.", spec["stages"], spec["plan"])
+    return spec
+
+
 def record_group(module, spec, found=None):
-    """The record option of a module that ends this node's stage group (RECORD_OPTIONS): the group recorded
+    """The record option of a module that ends this node's stage group (checked_record): the group recorded
     after the module's own work succeeded, with the facts it found (name: value) added to the stage whose
-    fact_names hold them. Returns what the module reports as its result's record."""
-    stages, plan = checked_input(module, "record.", spec["stages"], spec["plan"])
+    fact_names hold them; the stages named in forget are dropped first. Returns what the module reports as its
+    result's record."""
+    stages, plan = spec["stages"], spec["plan"]
     found = found or {}
     stages = [
         dict(stage, facts=dict(stage["facts"], **{k: v for k, v in found.items() if k in stage["fact_names"]}))
         for stage in stages
     ]
-    done, skipped, changed = record_and_write(module, spec["path"], stages, plan)
+    done, skipped, changed = record_and_write(module, spec["path"], stages, plan, spec["forget"])
     out = dict(recorded=done, reasons=skipped, changed=changed)
     if plan is not None:
         out["plan"] = "plan" not in skipped

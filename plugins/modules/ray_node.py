@@ -220,7 +220,11 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     find_container,
     log_tail,
 )
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import RECORD_OPTIONS, record_group
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import (
+    RECORD_OPTIONS,
+    checked_record,
+    record_group,
+)
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
 try:
@@ -386,6 +390,7 @@ def main():
         ],
         supports_check_mode=True,
     )
+    checked_record(module)
     RayNode(module).run()
 
 

@@ -480,7 +480,11 @@ from ansible_collections.dgx_spark.vllm.plugins.module_utils._docker import (
     log_tail,
     watch_containers,
 )
-from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import RECORD_OPTIONS, record_group
+from ansible_collections.dgx_spark.vllm.plugins.module_utils._stage_state import (
+    RECORD_OPTIONS,
+    checked_record,
+    record_group,
+)
 from ansible_collections.dgx_spark.vllm.plugins.module_utils._wait import StopWaiting, wait_for
 
 try:
@@ -1297,6 +1301,7 @@ def main():
         ],
         supports_check_mode=True,
     )
+    checked_record(module)
     VllmServe(module).run()
 
 

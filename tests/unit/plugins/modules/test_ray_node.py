@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ansible_collections.dgx_spark.vllm.plugins.module_utils import _container
 from ansible_collections.dgx_spark.vllm.plugins.modules import ray_node
@@ -292,3 +294,57 @@ def test_a_writable_mount_source_is_made_a_read_only_one_is_not(monkeypatch, cli
     failed, res = run_module(monkeypatch, ray_node, args)
     assert not failed, res
     assert not other.exists()
+
+
+def test_a_started_worker_records_the_stage_group_it_ends_and_check_mode_does_not(monkeypatch, client, tmp_path):
+    path = tmp_path / "record" / "stages.json"
+    stage = dict(name="ray_cluster", inputs="r1", facts=dict(ray_cluster_engine_url="ssh://root@198.18.100.12"))
+    record = dict(
+        path=str(path),
+        stages=[dict(stage, checks=dict(directories=[str(tmp_path)])), dict(name="vllm_server", inputs="v1")],
+    )
+    worker = dict(RECORDED_ARGS, role="worker", head_address="127.0.0.2", wait_ready=False, record=record)
+    failed, res = run_module(monkeypatch, ray_node, dict(worker, _ansible_check_mode=True))
+    assert not failed and res["changed"] and "record" not in res and not path.exists()
+    failed, res = run_module(monkeypatch, ray_node, worker)
+    assert not failed, res
+    assert res["record"] == dict(recorded=["ray_cluster", "vllm_server"], reasons={}, changed=True)
+    saved = json.loads(path.read_text())
+    assert saved["stages"]["ray_cluster"]["facts"] == stage["facts"]
+    assert saved["stages"]["ray_cluster"]["fingerprint"] == {}  # a directory check passes or fails; nothing to hold
+    # A stage whose live check fails now is not recorded (the next run does it again); the module still succeeds.
+    record["stages"][0]["checks"] = dict(directories=[str(tmp_path / "gone")])
+    failed, res = run_module(monkeypatch, ray_node, worker)
+    assert not failed and res["record"]["recorded"] == ["vllm_server"]
+    assert res["record"]["reasons"]["ray_cluster"] and "ray_cluster" not in json.loads(path.read_text())["stages"]
+
+
+def test_a_record_naming_an_unknown_check_fails_before_any_change(monkeypatch, client, tmp_path):
+    record = dict(path=str(tmp_path / "stages.json"), stages=[dict(name="ray_cluster", inputs="r1", checks={"gpu": 1})])
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, record=record))
+    assert failed and res["msg"].startswith("record.stages: ray_cluster has unknown checks ['gpu']; use ")
+    assert client.containers.created == [] and not (tmp_path / "stages.json").exists()
+
+
+def test_the_heads_start_drops_the_records_of_the_group_a_later_stage_records(monkeypatch, client, tmp_path):
+    path = tmp_path / "stages.json"
+    before = dict(name="preflight", inputs="p1", facts={}, fact_names=[], checks=dict(directories=[str(tmp_path)]))
+    group = [dict(before, name=name, inputs=name) for name in ("ray_cluster", "vllm_server")]
+    plan = dict(key="k1", stages=[before, *group])
+    failed, _result = run_module(
+        monkeypatch,
+        ray_node,
+        dict(
+            RECORDED_ARGS,
+            name="other",
+            wait_ready=False,
+            record=dict(path=str(path), stages=[before, *group], plan=plan),
+        ),
+    )
+    assert not failed and sorted(json.loads(path.read_text())["stages"]) == ["preflight", "ray_cluster", "vllm_server"]
+    forget = dict(path=str(path), stages=[], forget=["ray_cluster", "vllm_server"])
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, wait_ready=False, record=forget))
+    assert not failed and res["record"] == dict(recorded=[], reasons={}, changed=True)
+    saved = json.loads(path.read_text())
+    # Until the serve records them again, the next run finds the group unrecorded here: it runs on every node.
+    assert sorted(saved["stages"]) == ["preflight"] and saved["plan"]["key"] == "k1"

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import socket
+import stat
 import threading
 import time
 import types
@@ -1067,3 +1068,83 @@ def test_a_restart_with_every_ray_gpu_alive_goes_ahead(monkeypatch, env):
     head.alive = False
     failed, res = run_module(monkeypatch, vllm_serve, a)
     assert not failed and head.ray_queries == 1 and res["ray_gpus_alive"] == 2 and len(head.launches) == 2
+
+
+# --- the stage group's record, written by the serve once the endpoint is verified (option record) ---
+RECORD_FACTS = dict(vllm_server_engine="engine", vllm_server_memory_fit="memory_fit")
+
+
+def group_record(tmp_path, **vllm_server_facts):
+    """The deploy's record of the head's cluster group: ray_cluster, then vllm_server, with the run's plan."""
+    stages = [
+        dict(name="ray_cluster", inputs="r1", checks=dict(directories=[str(tmp_path)]), fact_names=["ray_gpus"]),
+        dict(
+            name="vllm_server",
+            inputs="v1",
+            checks=dict(directories=[str(tmp_path)]),
+            fact_names=list(RECORD_FACTS),
+        ),
+    ]
+    facts = dict(ray_cluster=dict(ray_gpus=2), vllm_server=vllm_server_facts)
+    recorded = [dict(stage, facts=facts[stage["name"]]) for stage in stages]
+    return dict(path=str(tmp_path / "record" / "stages.json"), stages=recorded, plan=dict(key="k1", stages=stages))
+
+
+def saved_record(tmp_path):
+    path = tmp_path / "record" / "stages.json"
+    return (json.loads(path.read_text()), stat.S_IMODE(path.stat().st_mode)) if path.exists() else (None, None)
+
+
+def test_a_verified_start_records_its_stage_group_with_what_it_found(monkeypatch, env, tmp_path):
+    spark = memory_nodes("meminfo-gb10-128gb.built-from-published-numbers.txt")
+    record = group_record(tmp_path, vllm_server_engine="vllm 0.31.0")
+    failed, res = run_module(
+        monkeypatch,
+        vllm_serve,
+        args(node_memory=spark, record=record, record_facts=RECORD_FACTS, **big_model(tmp_path)),
+    )
+    assert not failed, res
+    assert res["memory_fit"]["check"].startswith("fits: ")
+    assert res["found"] == dict(engine="vllm 0.32.0", memory_fit=res["memory_fit"])
+    assert res["record"] == dict(recorded=["ray_cluster", "vllm_server"], reasons={}, changed=True, plan=True)
+    saved, mode = saved_record(tmp_path)
+    assert mode == 0o600
+    # What this serve found wins over the fact as the run held it before the serve; each fact stays with its stage.
+    assert saved["stages"]["vllm_server"]["facts"] == dict(
+        vllm_server_engine="vllm 0.32.0", vllm_server_memory_fit=res["memory_fit"]
+    )
+    assert saved["stages"]["ray_cluster"]["facts"] == dict(ray_gpus=2)
+    assert saved["plan"]["key"] == "k1" and [s["name"] for s in saved["plan"]["stages"]] == [
+        "ray_cluster",
+        "vllm_server",
+    ]
+
+
+def test_a_skipped_memory_check_keeps_the_fit_found_before(monkeypatch, env, tmp_path):
+    earlier = {"check": "fits: found by an earlier run"}
+    record = group_record(tmp_path, vllm_server_memory_fit=earlier)
+    failed, res = run_module(monkeypatch, vllm_serve, args(record=record, record_facts=RECORD_FACTS))
+    assert not failed, res
+    assert res["memory_fit"]["check"].startswith("skipped") and res["found"] == dict(engine="vllm 0.32.0")
+    saved, _mode = saved_record(tmp_path)
+    assert saved["stages"]["vllm_server"]["facts"] == dict(
+        vllm_server_engine="vllm 0.32.0", vllm_server_memory_fit=earlier
+    )
+
+
+def test_no_record_without_a_verified_endpoint_or_in_check_mode(monkeypatch, env, tmp_path):
+    _head, api = env
+    answer = api.open_url
+
+    def open_url(url, **kw):
+        if url.endswith("/completions"):
+            raise HTTPError(url, 500, "engine error", {}, None)
+        return answer(url, **kw)
+
+    record = group_record(tmp_path)
+    failed, res = run_module(monkeypatch, vllm_serve, dict(args(record=record), _ansible_check_mode=True))
+    assert not failed and res["changed"] and "record" not in res
+    monkeypatch.setattr(vllm_serve, "open_url", open_url)
+    failed, res = run_module(monkeypatch, vllm_serve, args(record=record))
+    assert failed and "record" not in res
+    assert saved_record(tmp_path) == (None, None)
