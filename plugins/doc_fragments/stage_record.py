@@ -51,10 +51,11 @@ options:
             default: {}
       forget:
         description:
-          - Stages whose records are dropped before O(record.stages) are recorded. The deploy's head drops those of
-            its cluster group as its Ray container starts, so a run that fails before the serve verified the
-            endpoint leaves the head without them and the next run starts the group again on every node (a worker's
-            record, made as its own Ray container started, does not show that it joined).
+          - Stages whose records are dropped before the module does anything else (not in check mode). The deploy's
+            head drops those of its cluster group with its Ray start, so a run that fails before the serve verified
+            the endpoint, the Ray start's own failure included, leaves the head without them and the next run starts
+            the group again on every node (a worker's record, made as its own Ray container started, does not show
+            that it joined).
         type: list
         elements: str
         default: []

@@ -492,25 +492,29 @@ def record_and_write(module, path, stages, plan=None, forget=()):
 
 
 def checked_record(module):
-    """The module's record option (RECORD_OPTIONS), checked before the module changes anything."""
+    """The module's record option (RECORD_OPTIONS), checked before the module changes anything; the records it
+    names in forget are dropped here, before the module's own work (not in check mode), so a run that fails
+    from here on leaves them dropped."""
     spec = module.params["record"]
     if spec:
         checked_input(module, "record.", spec["stages"], spec["plan"])
+        if spec["forget"] and not module.check_mode:
+            record_and_write(module, spec["path"], [], forget=spec["forget"])
     return spec
 
 
 def record_group(module, spec, found=None):
     """The record option of a module that ends this node's stage group (checked_record): the group recorded
     after the module's own work succeeded, with the facts it found (name: value) added to the stage whose
-    fact_names hold them; the stages named in forget are dropped first. Returns what the module reports as its
-    result's record."""
+    fact_names hold them (the stages named in forget were dropped by checked_record). Returns what the module
+    reports as its result's record."""
     stages, plan = spec["stages"], spec["plan"]
     found = found or {}
     stages = [
         dict(stage, facts=dict(stage["facts"], **{k: v for k, v in found.items() if k in stage["fact_names"]}))
         for stage in stages
     ]
-    done, skipped, changed = record_and_write(module, spec["path"], stages, plan, spec["forget"])
+    done, skipped, changed = record_and_write(module, spec["path"], stages, plan)
     out = dict(recorded=done, reasons=skipped, changed=changed)
     if plan is not None:
         out["plan"] = "plan" not in skipped

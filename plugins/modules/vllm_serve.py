@@ -571,7 +571,7 @@ class VllmServe:
         records the stage group it ends on this node (the deploy's, which then needs no task of its own)."""
         if self.p["state"] == "started":
             found = {key: self.result.get(key) for key in ("engine", "memory_fit")}
-            if str((found["memory_fit"] or {}).get("check", "")).startswith("skipped"):
+            if str((found["memory_fit"] or {}).get("check", "skipped")).startswith("skipped"):
                 # A skipped check found nothing: the fit an earlier run found holds.
                 found["memory_fit"] = None
             self.result["found"] = {key: value for key, value in found.items() if value is not None}

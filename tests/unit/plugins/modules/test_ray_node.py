@@ -330,21 +330,17 @@ def test_the_heads_start_drops_the_records_of_the_group_a_later_stage_records(mo
     path = tmp_path / "stages.json"
     before = dict(name="preflight", inputs="p1", facts={}, fact_names=[], checks=dict(directories=[str(tmp_path)]))
     group = [dict(before, name=name, inputs=name) for name in ("ray_cluster", "vllm_server")]
-    plan = dict(key="k1", stages=[before, *group])
-    failed, _result = run_module(
-        monkeypatch,
-        ray_node,
-        dict(
-            RECORDED_ARGS,
-            name="other",
-            wait_ready=False,
-            record=dict(path=str(path), stages=[before, *group], plan=plan),
-        ),
-    )
+    everything = dict(path=str(path), stages=[before, *group], plan=dict(key="k1", stages=[before, *group]))
+    failed, _result = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, name="other", record=everything))
     assert not failed and sorted(json.loads(path.read_text())["stages"]) == ["preflight", "ray_cluster", "vllm_server"]
     forget = dict(path=str(path), stages=[], forget=["ray_cluster", "vllm_server"])
-    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, wait_ready=False, record=forget))
-    assert not failed and res["record"] == dict(recorded=[], reasons={}, changed=True)
+    # Dropped before the start: one that fails (here the image is not on the node) leaves them dropped too.
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, image="missing:1", record=forget))
+    assert failed and "missing:1 is not on this node" in res["msg"]
     saved = json.loads(path.read_text())
     # Until the serve records them again, the next run finds the group unrecorded here: it runs on every node.
     assert sorted(saved["stages"]) == ["preflight"] and saved["plan"]["key"] == "k1"
+    # Check mode drops nothing.
+    run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, name="other", record=everything))
+    failed, res = run_module(monkeypatch, ray_node, dict(RECORDED_ARGS, record=forget, _ansible_check_mode=True))
+    assert not failed and sorted(json.loads(path.read_text())["stages"]) == ["preflight", "ray_cluster", "vllm_server"]
