@@ -250,8 +250,10 @@ class RayNode:
             self.absent(current)
         else:
             self.started(client, current)
-            if self.p["record"] and not self.module.check_mode:
-                self.result["record"] = record_group(self.module, self.p["record"])
+            record = self.p["record"]
+            # The head's is only the drop checked_record made: nothing to read or write again.
+            if record and (record["stages"] or record["plan"]) and not self.module.check_mode:
+                self.result["record"] = record_group(self.module, record)
         self.module.exit_json(**self.result)
 
     def absent(self, current):
