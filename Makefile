@@ -79,8 +79,9 @@ SCENARIOS := preflight gpu fabric runtime_image ray_cluster vllm_server deploy r
 MOLECULE_STATE := $(CURDIR)/build/molecule-state
 # never: leave the lab up at the end (make test runs the faults on it).
 MOLECULE_DESTROY ?= always
-# The scenarios start from nodes made new: a lab left up (make lab, or a make test that failed and kept it)
-# is taken down first.
+# The scenarios start from nodes made new: a lab left up (make lab, a make test that failed and kept it, or
+# one cut off mid-run, whose nested engines may hold half-loaded or half-removed images) is taken down first,
+# the three-node one too.
 # three_nodes runs on a lab of its own (inventories/lab3), made and taken down by it alone, beside the
 # scenarios on the two-node lab: the machine is 2 cores, but image loads and copies, Ansible and the engines'
 # starts leave it idle a fifth of the time, and the two labs share nothing but the images, built first.
@@ -89,7 +90,8 @@ molecule: images
 	rm -rf $(MOLECULE_STATE) $(MOLECULE_STATE)-three_nodes
 	$(MAKE) --no-print-directory lab-down
 	@echo "molecule: three_nodes (its lines prefixed [three_nodes]) beside $(SCENARIOS)"; \
-	( MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE)-three_nodes $(MOLECULE) test -s three_nodes 2>&1 \
+	( { ansible-playbook -i inventories/lab3 playbooks/lab.yml -e lab_state=absent && \
+	    MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE)-three_nodes $(MOLECULE) test -s three_nodes; } 2>&1 \
 	  | sed -u 's/^/[three_nodes] /'; exit $${PIPESTATUS[0]} ) & three=$$!; \
 	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test --destroy $(MOLECULE_DESTROY) \
 	  $(foreach s,$(SCENARIOS),-s $(s)); rc=$$?; \

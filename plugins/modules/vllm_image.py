@@ -564,7 +564,7 @@ class ImageManager:
                 client = connect(peer["docker_host"], self.p["docker_timeout"])
             except DockerException as exc:
                 self.fail("peers: %s (%s) is not reachable: %s" % (peer["name"], peer["docker_host"], exc))
-            before = image_id(client, tag)
+            before = self.peer_image_id(peer, client, tag)
             entry = {"name": peer["name"], "image_id_before": before, "image_id": before, "bytes_moved": 0}
             entry.update(seconds=0.0, source="")
             entries.append((peer, client, entry))
@@ -584,7 +584,7 @@ class ImageManager:
                 entry.update(seconds=round(time.monotonic() - started, 2), source="this node")
         for peer, client, entry in differ:
             # Read back from the peer's engine (the image ID is its content), or what check mode would leave.
-            entry["image_id"] = image_id(client, tag) if copied else target
+            entry["image_id"] = self.peer_image_id(peer, client, tag) if copied else target
             if entry["image_id"] != target:
                 self.fail(
                     "peers: %s has %s as %s after the copy, not %s" % (peer["name"], entry["image_id"], tag, target)
@@ -594,6 +594,19 @@ class ImageManager:
             self.after["peer " + peer["name"]] = entry["image_id"]
             self.result["peers"].append(entry)
             self.result["bytes_moved"] += entry["bytes_moved"]
+
+    def peer_image_id(self, peer, client, tag):
+        """The peer's image ID of `tag`; an engine that cannot read it fails the run naming that peer."""
+        try:
+            return image_id(client, tag)
+        except DockerException as exc:
+            self.fail(
+                "peers: the Docker engine on %s (%s) could not read %s: %s. Where it names a missing "
+                "/var/lib/docker/overlay2 directory, that engine's image store lost a layer (a full disk, or a load or "
+                "removal cut off): on %s remove the containers made from it, then the image (docker rm -f $(docker "
+                "ps -aq --filter ancestor=%s); docker image rm -f %s), and run the deploy again, which copies it anew "
+                "and starts them again." % (peer["name"], peer["docker_host"], tag, exc, peer["name"], tag, tag)
+            )
 
     def chain(self, stale):
         """One docker save down the stale peers in order, each loading it; fail naming the hops that did not."""

@@ -297,6 +297,26 @@ def test_peer_engine_dies_mid_copy_names_the_peer(monkeypatch, engine, model_dir
     assert engine.peers["ssh://root@spark-2"].tags == {}
 
 
+def test_peer_whose_engine_cannot_read_its_image_is_named_before_any_copy(monkeypatch, engine, model_dir):
+    engine.add("lab/donor:1", "sha256:donor")
+    broken = engine.peers["ssh://root@spark-3"]
+    error = "500 Server Error: stat /var/lib/docker/overlay2/157e6841: no such file or directory"
+
+    def get(ref):
+        raise _image.DockerException(error)
+
+    monkeypatch.setattr(broken.images, "get", get)
+    args = {"pull": "lab/donor:1", "model_dir": model_dir, "peers": PEERS}
+    failed, result = run_module(monkeypatch, vllm_image, args)
+    assert failed
+    msg = result["msg"]
+    assert msg.startswith("peers: the Docker engine on spark-3 (ssh://root@spark-3) could not read %s: " % IN_SERVICE)
+    assert error in msg
+    fix = "docker rm -f $(docker ps -aq --filter ancestor=%s); docker image rm -f %s" % (IN_SERVICE, IN_SERVICE)
+    assert "on spark-3 remove the containers made from it, then the image (%s)" % fix in msg
+    assert ("stream", "spark-2") not in engine.actions
+
+
 def test_copy_silent_for_copy_timeout_names_the_setting(monkeypatch, engine, model_dir):
     engine.add("lab/donor:1", "sha256:donor")
     engine.ping = lambda: True
