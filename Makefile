@@ -22,9 +22,11 @@ lab: venv engine
 deploy:
 	ansible-playbook -i inventories/lab deploy-qwen35.yml
 
-## Take the lab down and remove everything it created (LAB_REMOVE_IMAGES=true removes images too).
+## Take the lab down and remove everything it created (LAB_REMOVE_IMAGES=true removes images too;
+## LAB_INVENTORY=inventories/lab3 takes the three-node lab down).
+LAB_INVENTORY ?= inventories/lab
 lab-down: venv
-	ansible-playbook -i inventories/lab playbooks/lab.yml -e lab_state=absent \
+	ansible-playbook -i $(LAB_INVENTORY) playbooks/lab.yml -e lab_state=absent \
 	  -e lab_remove_images=$${LAB_REMOVE_IMAGES:-false}
 
 ## Every test: lint, sanity, unit tests, Molecule scenarios on the lab, then the faults and bad inputs on the
@@ -88,9 +90,9 @@ MOLECULE_DESTROY ?= always
 # Its lines are prefixed with [three_nodes]; each Molecule run has its own state directory.
 molecule: images
 	rm -rf $(MOLECULE_STATE) $(MOLECULE_STATE)-three_nodes
-	$(MAKE) --no-print-directory lab-down
+	$(MAKE) --no-print-directory lab-down LAB_INVENTORY=inventories/lab
 	@echo "molecule: three_nodes (its lines prefixed [three_nodes]) beside $(SCENARIOS)"; \
-	( { ansible-playbook -i inventories/lab3 playbooks/lab.yml -e lab_state=absent && \
+	( { $(MAKE) --no-print-directory -o venv lab-down LAB_INVENTORY=inventories/lab3 && \
 	    MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE)-three_nodes $(MOLECULE) test -s three_nodes; } 2>&1 \
 	  | sed -u 's/^/[three_nodes] /'; exit $${PIPESTATUS[0]} ) & three=$$!; \
 	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test --destroy $(MOLECULE_DESTROY) \
