@@ -90,9 +90,9 @@ MOLECULE_DESTROY ?= always
 # Its lines are prefixed with [three_nodes]; each Molecule run has its own state directory.
 molecule: images
 	rm -rf $(MOLECULE_STATE) $(MOLECULE_STATE)-three_nodes
-	$(MAKE) --no-print-directory lab-down LAB_INVENTORY=inventories/lab
+	$(SUBMAKE) lab-down LAB_INVENTORY=inventories/lab
 	@echo "molecule: three_nodes (its lines prefixed [three_nodes]) beside $(SCENARIOS)"; \
-	( { $(MAKE) --no-print-directory -o venv lab-down LAB_INVENTORY=inventories/lab3 && \
+	( { $(SUBMAKE) lab-down LAB_INVENTORY=inventories/lab3 && \
 	    MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE)-three_nodes $(MOLECULE) test -s three_nodes; } 2>&1 \
 	  | sed -u 's/^/[three_nodes] /'; exit $${PIPESTATUS[0]} ) & three=$$!; \
 	MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_STATE) $(MOLECULE) test --destroy $(MOLECULE_DESTROY) \

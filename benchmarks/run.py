@@ -858,11 +858,13 @@ def own_work(runs):
 def equal_engine(cold, base):
     """Each pair's cold / baseline with the cold deploy's engine time (launch -> first completion) replaced by
     the baseline's: the launchers' own work against the same engine time."""
-    out = []
-    for c, b in zip(cold, base, strict=False):
-        engine = (c["phases"]["launch_to_completion"], b["phases"]["launch_to_completion"])
-        out.append(None if None in engine or not b["wall"] else (c["wall"] - engine[0] + engine[1]) / b["wall"])
-    return out
+    pairs = zip(own_work(cold), base, strict=False)
+    return [
+        None
+        if own is None or b["phases"]["launch_to_completion"] is None
+        else (own + b["phases"]["launch_to_completion"]) / b["wall"]
+        for own, b in pairs
+    ]
 
 
 def flag_checks(runs):
